@@ -1,0 +1,35 @@
+# The two quick-start commands: `make report` (the main job) and `make test` (the tests).
+# Both create or refresh the virtual environment first, from the pinned constraints.
+
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+# kups and brainstate need Python 3.12; pyenv keeps it outside PATH on some machines.
+PYTHON312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	  $$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$c; break; }; done)
+
+.PHONY: venv test report conform bench asv-quick clean-venv
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found (kups and brainstate need it); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+report: $(VENV)/.installed
+	$(BIN)/clipbench report $(REPORT_ARGS)
+
+conform: $(VENV)/.installed
+	$(BIN)/clipbench conform $(CONFORM_ARGS)
+
+bench: $(VENV)/.installed
+	$(BIN)/clipbench bench $(BENCH_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

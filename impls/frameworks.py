@@ -1,0 +1,103 @@
+"""Moving arrays between numpy and the frameworks implementations run on.
+
+The conformance suite and the benchmarks build inputs in numpy (bfloat16 through ml_dtypes)
+and hand each implementation arrays of its own framework; results come back as numpy. Nothing
+here changes a value: every conversion is exact, including bfloat16 and float16.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def import_tensorflow():
+  """Imports tensorflow; triton first when present: importing triton after tensorflow crashes
+  the process (segfault in triton/runtime, tensorflow 2.20 + triton 3.8)."""
+  if importlib.util.find_spec("triton") is not None:
+    import triton  # noqa: F401
+  import tensorflow as tf
+  return tf
+
+
+def to_framework(x: np.ndarray, framework: str, device: str = "cpu") -> Any:
+  """Returns ``x`` as an array of ``framework`` on ``device``, bit for bit."""
+  x = np.asarray(x)
+  if framework == "numpy":
+    return x.copy()
+  if framework == "jax":
+    import jax
+    import jax.numpy as jnp
+    dev = jax.devices("gpu" if device == "cuda" else "cpu")[0]
+    return jax.device_put(jnp.asarray(x), dev)
+  if framework == "torch":
+    import torch
+    if x.dtype == BFLOAT16:
+      t = _torch_bf16_from_bits(x)
+    else:
+      t = torch.from_numpy(np.ascontiguousarray(x).copy())
+    return t.to(device)
+  if framework == "tensorflow":
+    tf = import_tensorflow()
+    if x.dtype == BFLOAT16:
+      return tf.cast(tf.constant(x.astype(np.float32)), tf.bfloat16)
+    return tf.constant(x)
+  raise ValueError(f"framework: unknown framework {framework!r}")
+
+
+def _torch_bf16_from_bits(x: np.ndarray):
+  import torch
+  bits = np.ascontiguousarray(x).view(np.int16).copy()
+  return torch.from_numpy(bits).view(torch.bfloat16)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+  """Returns a framework array (or a Python/numpy scalar) as a numpy array, bit for bit."""
+  if x is None:
+    return None
+  if isinstance(x, np.ndarray):
+    return x
+  if isinstance(x, (np.generic, float, int)):
+    return np.asarray(x)
+  module = type(x).__module__
+  if module.startswith("torch"):
+    import torch
+    x = x.detach().cpu()
+    if x.dtype == torch.bfloat16:
+      return x.view(torch.int16).numpy().view(BFLOAT16).copy()
+    return x.numpy().copy()
+  if module.startswith("tensorflow") or hasattr(x, "numpy") and "tensorflow" in repr(type(x)):
+    return np.asarray(x.numpy())
+  # jax arrays and anything else exposing __array__.
+  return np.asarray(x)
+
+
+def block_until_ready(x: Any) -> Any:
+  """Waits for asynchronous device work on ``x`` (a result tuple, list or array)."""
+  if isinstance(x, (list, tuple)):
+    for item in x:
+      block_until_ready(item)
+    return x
+  if hasattr(x, "block_until_ready"):
+    x.block_until_ready()
+  elif type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False):
+    import torch
+    torch.cuda.synchronize(x.device)
+  return x
+
+
+def framework_available(framework: str) -> bool:
+  name = {"numpy": "numpy", "jax": "jax", "torch": "torch", "tensorflow": "tensorflow"}[framework]
+  return importlib.util.find_spec(name) is not None
+
+
+def cuda_available() -> bool:
+  if importlib.util.find_spec("torch") is None:
+    return False
+  import torch
+  return torch.cuda.is_available()
