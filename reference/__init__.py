@@ -1,0 +1,29 @@
+"""The exact reference implementation of clipbench's three operations; it is the spec.
+
+Functions are named exactly like the canonical API (as ``jax._src.lax_reference`` names its
+functions like the primitives) and work on numpy arrays; see ``SPEC.md`` beside this file.
+"""
+
+from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+from clipbench.reference.clipping import (clip_by_global_norm, clip_by_max_step, clip_grad_norm,
+                                          norm_format, system_norm, system_step_norm)
+from clipbench.reference.norms import ExactNorm, largest_scale_within
+
+
+class _Reference:
+  """The reference registered as the implementation ``reference``."""
+
+  framework = "numpy"
+  description = "exact rational/mpmath reference (the spec)"
+  capabilities = Capabilities(per_system=True, per_system_max=True, norm_types=ANY_NORM_TYPE,
+                              nonfinite=("propagate", "zero"))
+  clip_by_global_norm = staticmethod(clip_by_global_norm)
+  clip_by_max_step = staticmethod(clip_by_max_step)
+  clip_grad_norm = staticmethod(clip_grad_norm)
+
+
+implementation = _Reference()
+
+__all__ = ["clip_by_global_norm", "clip_by_max_step", "clip_grad_norm", "norm_format",
+           "system_norm", "system_step_norm", "ExactNorm", "largest_scale_within",
+           "implementation"]
