@@ -1,0 +1,144 @@
+"""Calling implementations and the reference on a case, with the session's caches.
+
+The reference is exact and slow, so its result for a (case, op) is computed once per session
+and shared by every implementation. An implementation's own result for a (case, op) is also
+cached: several rules inspect the same call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import traceback
+from typing import Any
+
+import numpy as np
+
+from clipbench import reference
+from clipbench.conformance.cases import Inputs
+from clipbench.impls import calling, frameworks
+from clipbench.impls.registry import Implementation
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What one call did: its outputs (numpy), or the exception it raised."""
+
+  leaves: list[np.ndarray] | None = None
+  norms: np.ndarray | None = None
+  error: BaseException | None = None
+  error_trace: str = ""
+  mutated: list[int] = dataclasses.field(default_factory=list)  # indices of modified leaves
+  devices_ok: bool = True
+
+  def raise_if_error(self) -> None:
+    if self.error is not None:
+      raise AssertionError(
+          f"raised {type(self.error).__name__}: {self.error}\n{self.error_trace}")
+
+
+def not_applicable(impl: Implementation, op: str, inputs: Inputs) -> str | None:
+  """Why a case lies outside what ``impl`` declares (None when it applies)."""
+  caps = impl.capabilities
+  if op not in impl.ops:
+    return f"does not provide {op}"
+  if inputs.per_system and op != "clip_grad_norm" and not caps.per_system:
+    return "not per-system"
+  if isinstance(inputs.threshold, np.ndarray) and not caps.per_system_max:
+    return "no per-system thresholds"
+  if op != "clip_by_max_step" and not caps.supports_norm_type(inputs.norm_type):
+    return "L2 only" if tuple(caps.norm_types) == (2.0,) else (
+        f"norm_type={inputs.norm_type:g} not supported")
+  missing = sorted(inputs.dtypes - set(caps.dtypes))
+  if missing:
+    return f"{', '.join(missing)} not supported"
+  if len(inputs.dtypes) > 1 and not caps.mixed_dtypes:
+    return "mixed dtypes not supported"
+  if inputs.nonfinite not in caps.nonfinite:
+    return f"nonfinite={inputs.nonfinite!r} not supported"
+  return None
+
+
+def call(impl: Implementation, op: str, inputs: Inputs, device: str = "cpu") -> Outcome:
+  """Calls ``impl`` on a copy of ``inputs``; records errors, mutation and output devices."""
+  kw = inputs.kwargs(op)
+  if op == "clip_grad_norm":
+    kw.pop("segments", None), kw.pop("num_systems", None)
+  try:
+    prepared = calling.prepare(impl, op, inputs.leaves, inputs.threshold, device=device, **kw)
+  except Exception as e:  # pylint: disable=broad-except
+    return Outcome(error=e, error_trace=traceback.format_exc(limit=-3))
+  originals = [x.copy() for x in inputs.leaves]
+  try:
+    result = calling.run(impl, prepared)
+    leaves, norms = calling.result_to_numpy(result)
+  except Exception as e:  # pylint: disable=broad-except
+    outcome = Outcome(error=e, error_trace=traceback.format_exc(limit=-3))
+  else:
+    outcome = Outcome(leaves=leaves, norms=norms)
+    outcome.devices_ok = _same_devices(prepared.leaves, result[0])
+  after = [frameworks.to_numpy(x) for x in prepared.leaves]
+  outcome.mutated = [i for i, (a, b) in enumerate(zip(originals, after))
+                     if a.tobytes() != np.asarray(b).tobytes()]
+  return outcome
+
+
+def _same_devices(inputs: list[Any], outputs: Any) -> bool:
+  for x, y in zip(inputs, outputs):
+    if hasattr(x, "device") and hasattr(y, "device") and not isinstance(x, np.ndarray):
+      if str(x.device) != str(y.device):
+        return False
+  return True
+
+
+def call_reference(op: str, inputs: Inputs) -> Outcome:
+  fn = getattr(reference, op)
+  kw = inputs.kwargs(op)
+  if op == "clip_grad_norm":
+    kw.pop("segments", None), kw.pop("num_systems", None)
+  leaves, norms = fn([x.copy() for x in inputs.leaves], inputs.threshold, **kw)
+  return Outcome(leaves=leaves, norms=np.asarray(norms))
+
+
+class Session:
+  """Per-session caches of reference results, implementation results and exact norms."""
+
+  def __init__(self):
+    self._reference: dict[tuple[str, str], Outcome] = {}
+    self._impl: dict[tuple[str, str, str], Outcome] = {}
+    self._inputs: dict[tuple[str, str], Inputs] = {}
+
+  def inputs(self, case, op: str) -> Inputs:
+    key = (case.name, op)
+    if key not in self._inputs:
+      self._inputs[key] = case.build(op)
+    return self._inputs[key].copy()
+
+  def reference(self, case, op: str) -> Outcome:
+    key = (case.name, op)
+    if key not in self._reference:
+      self._reference[key] = call_reference(op, self.inputs(case, op))
+    return self._reference[key]
+
+  def forget(self, case) -> None:
+    """Drops every cached result of ``case`` (generated cases are used once)."""
+    for cache in (self._reference, self._impl, self._inputs):
+      for key in [k for k in cache if k[-2 if len(k) == 3 else 0] == case.name]:
+        del cache[key]
+
+  def result(self, impl: Implementation, case, op: str) -> Outcome:
+    key = (impl.name, case.name, op)
+    if key not in self._impl:
+      self._impl[key] = call(impl, op, self.inputs(case, op))
+    return self._impl[key]
+
+
+SESSION = Session()
+
+
+def finite(x: np.ndarray) -> np.ndarray:
+  return np.isfinite(x.astype(np.float64))
+
+
+def is_nan(v) -> bool:
+  return isinstance(v, float) and math.isnan(v)
