@@ -123,6 +123,15 @@ def leaf_spacing(y: np.ndarray) -> np.ndarray:
   return np.exp2(e - fmt.prec + 1)
 
 
+def first_difference(x: np.ndarray, y: np.ndarray) -> int:
+  """Index (flat) of the first element whose bits differ; 0 when shapes or dtypes differ."""
+  if x.shape != y.shape or x.dtype != y.dtype or not x.size:
+    return 0
+  bits = f"u{x.dtype.itemsize}"
+  diff = np.flatnonzero(x.view(bits).ravel() != y.view(bits).ravel())
+  return int(diff[0]) if diff.size else 0
+
+
 def ulp_distance(y: np.ndarray, ref: np.ndarray) -> float:
   """Largest |y - ref| in ulps of ref's dtype at ref (NaN-aware: NaN vs NaN is 0)."""
   if y.size == 0:
@@ -171,8 +180,7 @@ def check_unchanged(op, inputs, out: Outcome, systems: list[System]) -> None:
     for i, (x, y) in enumerate(zip(s.inputs, got)):
       if x.tobytes() != y.tobytes():
         if x.shape == y.shape and x.dtype == y.dtype and x.size:
-          bits = f"u{x.dtype.itemsize}"
-          j = int(np.flatnonzero(x.view(bits).ravel() != y.view(bits).ravel())[0])
+          j = first_difference(x, y)
           change = f"{x.ravel()[j]!r} -> {y.ravel()[j]!r}"
         else:
           change = f"{x.dtype.name}{list(x.shape)} -> {y.dtype.name}{list(y.shape)}"

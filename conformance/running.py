@@ -54,7 +54,10 @@ def not_applicable(impl: Implementation, op: str, inputs: Inputs) -> str | None:
     return f"{', '.join(missing)} not supported"
   if len(inputs.dtypes) > 1 and not caps.mixed_dtypes:
     return "mixed dtypes not supported"
-  if inputs.nonfinite not in caps.nonfinite:
+  # With finite input the two non-finite modes agree, so only a case that holds non-finite
+  # values (or asks for "zero") needs the mode declared.
+  has_nonfinite = any(not np.isfinite(x.astype(np.float64)).all() for x in inputs.leaves)
+  if (has_nonfinite or inputs.nonfinite != "propagate") and inputs.nonfinite not in caps.nonfinite:
     return f"nonfinite={inputs.nonfinite!r} not supported"
   return None
 

@@ -40,7 +40,7 @@ def to_framework(x: np.ndarray, framework: str, device: str = "cpu") -> Any:
     if x.dtype == BFLOAT16:
       t = _torch_bf16_from_bits(x)
     else:
-      t = torch.from_numpy(np.ascontiguousarray(x).copy())
+      t = torch.from_numpy(np.array(x, order="C", copy=True))  # keeps 0-d arrays 0-d
     return t.to(device)
   if framework == "tensorflow":
     tf = import_tensorflow()
@@ -52,7 +52,7 @@ def to_framework(x: np.ndarray, framework: str, device: str = "cpu") -> Any:
 
 def _torch_bf16_from_bits(x: np.ndarray):
   import torch
-  bits = np.ascontiguousarray(x).view(np.int16).copy()
+  bits = np.array(x, order="C", copy=True).view(np.int16)
   return torch.from_numpy(bits).view(torch.bfloat16)
 
 

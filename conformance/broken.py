@@ -1,0 +1,249 @@
+"""Deliberately broken implementations: the suite must catch each one by a named rule.
+
+Each is the reference with exactly one defect of a kind seen in real libraries, so that a
+catch is the suite noticing *that* defect and nothing else. ``CAUGHT_BY`` names the rules
+that must catch each one (``test_suite_catches_broken.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from clipbench import reference
+from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+
+_CAPS = Capabilities(per_system=True, per_system_max=True, norm_types=ANY_NORM_TYPE,
+                     nonfinite=("propagate", "zero"))
+
+
+class _Broken:
+  framework = "numpy"
+  capabilities = _CAPS
+  description = "deliberately broken"
+
+  def clip_by_global_norm(self, leaves, max_norm, *, segments=None, num_systems=None,
+                          norm_type=2.0, nonfinite="propagate"):
+    return self.apply("clip_by_global_norm", leaves, max_norm, segments=segments,
+                      num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite)
+
+  def clip_by_max_step(self, leaves, max_step, *, segments=None, num_systems=None,
+                       nonfinite="propagate"):
+    return self.apply("clip_by_max_step", leaves, max_step, segments=segments,
+                      num_systems=num_systems, nonfinite=nonfinite)
+
+  def clip_grad_norm(self, leaves, max_norm, *, norm_type=2.0, nonfinite="propagate"):
+    out, norms = self.apply("clip_by_global_norm", leaves, max_norm, norm_type=norm_type,
+                            nonfinite=nonfinite)
+    return out, norms.reshape(())
+
+  def apply(self, op, leaves, threshold, **kw):
+    return getattr(reference, op)(leaves, threshold, **kw)
+
+
+def _norms(op, leaves, kw):
+  """The reference's (correctly rounded) norms, float64."""
+  _, norms = getattr(reference, op)([x.copy() for x in leaves], math.inf, **kw)
+  return np.asarray(norms, np.float64).ravel()
+
+
+def _per_system(threshold, count):
+  t = np.asarray(threshold, np.float64)
+  return np.broadcast_to(t, (count,)).copy() if t.ndim == 0 else t.copy()
+
+
+class EpsilonInNorm(_Broken):
+  """Scales by max / (norm + 1e-6), as torch and brainstate do: ties are clipped."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    norms = _norms(op, leaves, kw)
+    c = _per_system(threshold, norms.size)
+    effective = np.where(norms > 0, c * norms / (norms + 1e-6), c)
+    return getattr(reference, op)(leaves, effective, **kw)
+
+
+class Float16Accumulation(_Broken):
+  """Sums squares in the leaf dtype: float16 [300, 400] overflows to an infinite norm."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    if not any(x.dtype == np.float16 for x in leaves):
+      return getattr(reference, op)(leaves, threshold, **kw)
+    total = sum(np.sum(np.square(x), dtype=x.dtype) for x in leaves)
+    norm = float(np.sqrt(total))
+    out, norms = getattr(reference, op)(leaves, 0.0 if math.isinf(norm) else threshold, **kw)
+    return out, np.full_like(norms, norm)
+
+
+class OffByOneSegment(_Broken):
+  """Assigns the last row of each leaf to the next system (a classic off-by-one)."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    segments, count = kw.get("segments"), kw.get("num_systems")
+    if segments is not None and count and count > 1:
+      shifted = []
+      for seg in segments:
+        seg = np.array(seg, copy=True)
+        if seg.size:
+          seg[-1] = (seg[-1] + 1) % count
+        shifted.append(seg)
+      kw = dict(kw, segments=shifted)
+    return getattr(reference, op)(leaves, threshold, **kw)
+
+
+class OrderDependentReduction(_Broken):
+  """Norms from float32 prefix sums over the whole batch: a system's bits depend on the rest."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    norms = _norms(op, leaves, kw)
+    segments = kw.get("segments")
+    if segments is None or not leaves:
+      return getattr(reference, op)(leaves, threshold, **kw)
+    squares = np.concatenate([np.square(x.astype(np.float32)).reshape(x.shape[0], -1).sum(
+        axis=1) for x in leaves])
+    ids = np.concatenate(segments)
+    prefix = np.cumsum(squares, dtype=np.float32)
+    drifted = norms.copy()
+    for k in range(norms.size):
+      rows = np.flatnonzero(ids == k)
+      if rows.size:
+        before = prefix[rows[0] - 1] if rows[0] else np.float32(0)
+        approx = float(np.sqrt(max(np.float32(prefix[rows[-1]] - before), 0)))
+        drifted[k] = approx if approx > 0 else norms[k]
+    c = _per_system(threshold, norms.size)
+    effective = np.where(drifted > 0, c * norms / np.maximum(drifted, 1e-300), c)
+    out, _ = getattr(reference, op)(leaves, effective, **kw)
+    return out, drifted.astype(np.float32)
+
+
+class TieClipped(_Broken):
+  """Clips when norm >= max: a system exactly at the threshold is changed."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    t = np.asarray(threshold, np.float64)
+    below = np.where(t > 0, np.nextafter(t, 0.0), t)
+    if t.ndim == 0:
+      below = float(below)
+    return getattr(reference, op)(leaves, below, **kw)
+
+
+class MutatesInput(_Broken):
+  """Writes its result into the input leaves without declaring itself in-place."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    out, norms = getattr(reference, op)(leaves, threshold, **kw)
+    for x, y in zip(leaves, out):
+      x[...] = y
+    return out, norms
+
+
+class WrongP(_Broken):
+  """Ignores norm_type and always takes the L2 norm."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    kw = {k: v for k, v in kw.items() if k != "norm_type"}
+    return getattr(reference, op)(leaves, threshold, **kw)
+
+
+class NonfiniteLeaks(_Broken):
+  """A NaN or inf anywhere makes every system NaN (one norm for the whole batch)."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    out, norms = getattr(reference, op)(leaves, threshold, **kw)
+    if any(not np.isfinite(x.astype(np.float64)).all() for x in leaves):
+      out = [np.full_like(y, np.nan) for y in out]
+      norms = np.full_like(norms, np.nan)
+    return out, norms
+
+
+class RoundToNearest(_Broken):
+  """Exact norm, but x * (max/norm) rounded to nearest: overshoots the strict bound."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    out, norms = getattr(reference, op)(leaves, threshold, **kw)
+    exact = _norms(op, leaves, kw)
+    c = _per_system(threshold, exact.size)
+    segments = kw.get("segments") or [np.zeros(x.shape[0] if x.ndim else 1, int) for x in leaves]
+    result = []
+    for x, y, seg in zip(leaves, out, segments):
+      y = y.copy()
+      for k in np.unique(seg):
+        rows = seg == k
+        if x.ndim and exact[k] > c[k] and np.isfinite(exact[k]):
+          y[rows] = (x[rows].astype(np.float64) * (c[k] / exact[k])).astype(x.dtype)
+      result.append(y)
+    return result, norms
+
+
+class UpcastsFloat16(_Broken):
+  """Returns float16 leaves as float32 (as kups and brainstate do for mixed trees)."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    out, norms = getattr(reference, op)(leaves, threshold, **kw)
+    return [y.astype(np.float32) if y.dtype == np.float16 else y for y in out], norms
+
+
+class AcceptsNegativeMax(_Broken):
+  """No validation of the threshold: a negative max flips the sign of the output."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    t = np.asarray(threshold, np.float64)
+    if np.any(t < 0) or np.any(np.isnan(t)):
+      return [-x for x in leaves], _norms(op, leaves, kw)
+    return getattr(reference, op)(leaves, threshold, **kw)
+
+
+class FlushesSubnormals(_Broken):
+  """Multiplies by 1.0 on a flush-to-zero path: subnormal outputs become 0."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    out, norms = getattr(reference, op)(leaves, threshold, **kw)
+    flushed = []
+    for y in out:
+      tiny = np.finfo(y.dtype).tiny if y.dtype.kind == "f" and y.dtype.name != "bfloat16" else (
+          np.float32(np.finfo(np.float32).tiny))
+      y = y.copy()
+      y[np.abs(y.astype(np.float64)) < float(tiny)] = 0
+      flushed.append(y)
+    return flushed, norms
+
+
+class RaisesForEmpty(_Broken):
+  """reduce() over no leaves, as kups does: an empty tree raises TypeError."""
+
+  def apply(self, op, leaves, threshold, **kw):
+    if not leaves or all(x.size == 0 for x in leaves):
+      raise TypeError("reduce() of empty iterable with no initial value")
+    return getattr(reference, op)(leaves, threshold, **kw)
+
+
+eps_in_norm = EpsilonInNorm()
+float16_accumulation = Float16Accumulation()
+off_by_one_segment = OffByOneSegment()
+order_dependent_reduction = OrderDependentReduction()
+tie_clipped = TieClipped()
+mutates_input = MutatesInput()
+wrong_p = WrongP()
+nonfinite_leaks = NonfiniteLeaks()
+round_to_nearest = RoundToNearest()
+upcasts_float16 = UpcastsFloat16()
+accepts_negative_max = AcceptsNegativeMax()
+flushes_subnormals = FlushesSubnormals()
+raises_for_empty = RaisesForEmpty()
+
+# Which rule must catch each one.
+CAUGHT_BY = {
+    "eps_in_norm": 3,
+    "float16_accumulation": 5,
+    "off_by_one_segment": 1,
+    "order_dependent_reduction": 11,
+    "tie_clipped": 3,
+    "mutates_input": 12,
+    "wrong_p": 10,
+    "nonfinite_leaks": 7,
+    "round_to_nearest": 4,
+    "upcasts_float16": 9,
+    "accepts_negative_max": 6,
+    "flushes_subnormals": 3,
+    "raises_for_empty": 8,
+}

@@ -1,0 +1,133 @@
+"""Thin adapters over torch's gradient clipping: ``torch.nn.utils.clip_grad_norm_``.
+
+torch computes, per (device, dtype) group, the p-norm of every gradient tensor, then the p-norm
+of those per-tensor norms (``total = ||(||g_1||_p, ..., ||g_k||_p)||_p``), and scales every
+gradient in place by ``min(1, max_norm / (total + 1e-6))``. Users apply it to the ``.grad`` of
+parameters, so the adapters do exactly that: each input tensor becomes the ``.grad`` of a fresh
+``torch.nn.Parameter`` (the same tensor object, not a copy) and the library mutates it.
+
+Three public entry points are wrapped, each as its users call it:
+
+* ``clip_grad_norm_``: ``clip_grad_norm_(params, max_norm, norm_type, foreach=False)``;
+* ``clip_grad_norm_foreach``: the same with ``foreach=True`` (``torch._foreach_*`` kernels);
+* ``clip_grads_with_norm_``: ``get_total_norm(grads, norm_type)`` followed by
+  ``clip_grads_with_norm_(params, max_norm, total_norm)`` (the two-step API of torch >= 2.6).
+
+Nothing is validated or repaired here: whatever torch does with a threshold, a p, a dtype or a
+non-finite value (including raising) is what the conformance suite sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from clipbench.impls import frameworks
+from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+
+# torch accepts any float p (it does not reject p < 1), all four float dtypes and mixtures of
+# them (grouped per dtype, the per-tensor norms promoted when stacked), and mutates the
+# gradients in place.
+#
+# torch.compile (CPU, torch 2.14.1, measured): the foreach path (foreach=True, and the default
+# foreach=None that clip_grads_with_norm_ uses) compiles and recompiles fine. The foreach=False
+# path crashes on its first recompilation (new shapes, dtype or max_norm -> automatic dynamic
+# shapes): "IndexError: list index out of range" in the shape-env guard builder
+# (symbolic_shapes.produce_guards_verbose); dynamic=True fails with "AssertionError: sources must
+# not be empty". The same happens in plain user code with parameters built outside the compiled
+# function, so it is torch's, and that adapter does not declare the transform.
+_COMPILE = ("torch.compile",)
+
+
+def _capabilities(transforms: tuple[str, ...]) -> Capabilities:
+  return Capabilities(
+      per_system=False,
+      per_system_max=False,
+      norm_types=ANY_NORM_TYPE,
+      dtypes=("float16", "bfloat16", "float32", "float64"),
+      nonfinite=("propagate",),
+      returns_norm=True,
+      in_place=True,
+      transforms=transforms,
+      devices=("cpu", "cuda") if torch.cuda.is_available() else ("cpu",),
+      mixed_dtypes=True,
+  )
+
+
+def _as_tensor(leaf: Any) -> torch.Tensor:
+  # A torch tensor is used as is (torch clips it in place); a numpy array is converted exactly.
+  if isinstance(leaf, torch.Tensor):
+    return leaf
+  return frameworks.to_framework(leaf, "torch")
+
+
+def _parameters_with_grads(grads: Sequence[torch.Tensor]) -> list[torch.nn.Parameter]:
+  """One parameter per gradient whose ``.grad`` is that very tensor (torch's own use case).
+
+  ``torch.nn.Parameter`` rejects integer dtypes ("Only Tensors of floating point ... can
+  require gradients"); that error is torch's and propagates unchanged.
+  """
+  params = []
+  for g in grads:
+    p = torch.nn.Parameter(torch.empty_like(g))
+    p.grad = g
+    params.append(p)
+  return params
+
+
+def _check_nonfinite(nonfinite: str) -> None:
+  # torch has one behaviour for NaN/inf (it propagates through the norm); "zero" cannot be
+  # expressed with its public API, so the adapter refuses rather than emulates it.
+  if nonfinite != "propagate":
+    raise NotImplementedError(
+        f"nonfinite: torch.nn.utils.clip_grad_norm_ only propagates, got {nonfinite!r}")
+
+
+class ClipGradNorm:
+  """``torch.nn.utils.clip_grad_norm_`` with a fixed ``foreach`` on ``.grad`` of parameters."""
+
+  framework = "torch"
+
+  def __init__(self, foreach: bool):
+    self.foreach = foreach
+    self.capabilities = _capabilities(_COMPILE if foreach else ())
+    self.description = (
+        f"torch.nn.utils.clip_grad_norm_(foreach={foreach}) on the .grad of parameters "
+        "(in place; scale min(1, max/(norm+1e-6)); norm of per-tensor norms)")
+
+  def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
+                     nonfinite: str = "propagate") -> tuple[list[torch.Tensor], torch.Tensor]:
+    _check_nonfinite(nonfinite)
+    grads = [_as_tensor(x) for x in leaves]
+    params = _parameters_with_grads(grads)
+    total_norm = torch.nn.utils.clip_grad_norm_(
+        params, max_norm, norm_type=norm_type, foreach=self.foreach)
+    return grads, total_norm
+
+
+class ClipGradsWithNorm:
+  """``torch.nn.utils.get_total_norm`` then ``torch.nn.utils.clip_grads_with_norm_``."""
+
+  framework = "torch"
+
+  def __init__(self):
+    self.capabilities = _capabilities(_COMPILE)
+    self.description = (
+        "torch.nn.utils.get_total_norm(grads) + clip_grads_with_norm_(params, max, norm) "
+        "(defaults: foreach=None, error_if_nonfinite=False; in place)")
+
+  def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
+                     nonfinite: str = "propagate") -> tuple[list[torch.Tensor], torch.Tensor]:
+    _check_nonfinite(nonfinite)
+    grads = [_as_tensor(x) for x in leaves]
+    params = _parameters_with_grads(grads)
+    total_norm = torch.nn.utils.get_total_norm(
+        [p.grad for p in params], norm_type=norm_type)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+    return grads, total_norm
+
+
+clip_grad_norm_ = ClipGradNorm(foreach=False)
+clip_grad_norm_foreach = ClipGradNorm(foreach=True)
+clip_grads_with_norm_ = ClipGradsWithNorm()
