@@ -18,7 +18,7 @@ MANIFEST_PATH = os.path.join(os.path.dirname(__file__), "deviations.toml")
 @dataclasses.dataclass(frozen=True)
 class Deviation:
   impl: str
-  rule: int
+  rule: int | str  # a SPEC rule number, or "transform"
   cases: tuple[str, ...]  # fnmatch patterns over case names
   reason: str
   observed: str
@@ -45,7 +45,11 @@ def load(path: str = MANIFEST_PATH) -> list[Deviation]:
     if unknown:
       raise ValueError(f"{path}: deviation #{i + 1} has unknown keys {sorted(unknown)}")
     cases = entry["cases"]
-    out.append(Deviation(impl=entry["impl"], rule=int(entry["rule"]),
+    rule = entry["rule"]
+    if not (isinstance(rule, int) and 1 <= rule <= 13) and rule != "transform":
+      raise ValueError(f"{path}: deviation #{i + 1}: rule must be 1-13 or \"transform\", "
+                       f"got {rule!r}")
+    out.append(Deviation(impl=entry["impl"], rule=rule,
                          cases=tuple([cases] if isinstance(cases, str) else cases),
                          reason=entry["reason"], observed=entry["observed"],
                          op=entry.get("op", "*")))

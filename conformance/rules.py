@@ -225,11 +225,22 @@ def check_factor(op, inputs, out: Outcome, systems: list[System]) -> None:
     _check_one_factor(s, got)
 
 
-def _check_one_factor(s: System, got: list[np.ndarray]) -> None:
-  """Is there one s in [r(1-4u), r], r = c/n, with every |y| within 1 ulp of |x| s?"""
+def check_factor_matches_norm(op, inputs, out: Outcome, systems: list[System]) -> None:
+  """Rules 1, 2, 10: the system was scaled by max/norm of *this* norm (its domain, its p),
+  within 8u either side; rule 4 alone judges the exact placement of s below max/norm."""
+  for s, got in _clipped_outputs(out, systems):
+    _check_one_factor(s, got, window=8)
+
+
+def _check_one_factor(s: System, got: list[np.ndarray], window: int = 0) -> None:
+  """Is there one s in [r(1-4u), r], r = c/n, with every |y| within 1 ulp of |x| s?
+
+  With ``window`` > 0 the interval is [r(1 - window u), r(1 + window u)] instead.
+  """
   ratio = Fraction(s.threshold) / s.norm.approximate()
   u = max(format_of(x.dtype).unit_roundoff for x in s.inputs) if s.inputs else 0
-  lo, hi = ratio * (1 - 4 * u), ratio
+  lo, hi = (ratio * (1 - 4 * u), ratio) if not window else (ratio * (1 - window * u),
+                                                            ratio * (1 + window * u))
   for x, y in zip(s.inputs, got):
     if x.size == 0:
       continue
@@ -338,11 +349,11 @@ def verify_values(impl, op, case, checks) -> Finding:
 
 
 def verify_rule1(impl, op, case) -> Finding:
-  return verify_values(impl, op, case, [check_norms, check_unchanged, check_factor])
+  return verify_values(impl, op, case, [check_norms, check_unchanged, check_factor_matches_norm])
 
 
 def verify_rule2(impl, op, case) -> Finding:
-  return verify_values(impl, op, case, [check_norms, check_unchanged, check_factor])
+  return verify_values(impl, op, case, [check_norms, check_unchanged, check_factor_matches_norm])
 
 
 def verify_rule3(impl, op, case) -> Finding:
@@ -372,7 +383,8 @@ def verify_rule6(impl, op, case) -> Finding:
 def verify_rule7(impl, op, case) -> Finding:
   inputs, out, systems = _prepare(impl, op, case)
   if inputs.nonfinite == "zero":
-    return verify_values(impl, op, case, [check_unchanged, check_factor, check_norms])
+    return verify_values(impl, op, case, [check_unchanged, check_factor_matches_norm,
+                                        check_norms])
   poisoned = [s for s in systems if s.norm is None]
   for s in poisoned:
     got = blocks(out.leaves, s.masks)
@@ -436,7 +448,8 @@ def verify_rule9(impl, op, case) -> Finding:
 
 
 def verify_rule10(impl, op, case) -> Finding:
-  return verify_values(impl, op, case, [check_unchanged, check_factor, check_norms])
+  return verify_values(impl, op, case, [check_unchanged, check_factor_matches_norm,
+                                        check_norms])
 
 
 VERIFY: dict[int, Callable[[Implementation, str, Case], Finding]] = {

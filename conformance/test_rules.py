@@ -96,7 +96,7 @@ def generated(rule: int):
     out = []
     for dtype in ("float16", "bfloat16", "float32", "float64"):
       reason = None if dtype in impl.capabilities.dtypes else f"{dtype} not supported"
-      out.append((f"random_{dtype}", dtype, reason, dtype))
+      out.append((f"hypothesis_{dtype}", dtype, reason, dtype))
     return out
 
   return cases
