@@ -142,7 +142,8 @@ def check(request):
       request.node.user_properties.append(("observed", message.splitlines()[0][:300]))
       if inputs is not None:
         text = reproducer.snippet(target.impl.name, target.impl.description, target.op, inputs,
-                                  request.config.clipbench["repro_dir"], target.id)
+                                  request.config.clipbench["repro_dir"], target.id,
+                                  getattr(target.impl.obj, "reproducer", None))
         request.node.user_properties.append(("reproducer", text))
         message += "\n\nReproducer:\n" + text
       raise AssertionError(message) from None

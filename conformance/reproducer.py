@@ -39,11 +39,18 @@ def _float(v: float) -> str:
 
 
 def snippet(impl_name: str, description: str, op: str, inputs: Inputs,
-            directory: str | None = None, stem: str = "case") -> str:
-  """The reproducer text for calling ``impl_name``'s ``op`` on ``inputs``."""
+            directory: str | None = None, stem: str = "case", library_call: str | None = None) -> str:
+  """The reproducer text for calling ``impl_name``'s ``op`` on ``inputs``.
+
+  ``library_call`` is the implementation's own code for the call (an adapter's
+  ``reproducer``), written against the names ``leaves``, ``threshold``, ``segments``,
+  ``num_systems`` and ``norm_type``; without it the snippet calls through clipbench.
+  """
   size = sum(x.size for x in inputs.leaves)
-  lines = ["import math", "import ml_dtypes", "import numpy as np",
-           "from clipbench.impls import calling, registry", ""]
+  lines = ["import math", "import ml_dtypes", "import numpy as np"]
+  if not library_call:
+    lines.append("from clipbench.impls import calling, registry")
+  lines.append("")
   if size <= INLINE_LIMIT or directory is None:
     lines.append("leaves = [" + ", ".join(_literal(x) for x in inputs.leaves) + "]")
     if inputs.segments is not None and op != "clip_grad_norm":
@@ -56,7 +63,8 @@ def snippet(impl_name: str, description: str, op: str, inputs: Inputs,
     if inputs.segments is not None:
       arrays.update({f"segments{i}": s for i, s in enumerate(inputs.segments)})
     np.savez(path, **arrays)
-    lines.append(f"data = np.load({path!r})")
+    shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    lines.append(f"data = np.load({shown!r})  # saved by the conformance run")
     casts = [(".view(ml_dtypes.bfloat16)" if x.dtype.name == "bfloat16" else "")
              for x in inputs.leaves]
     lines.append("leaves = [" + ", ".join(f"data['leaf{i}']{c}" for i, c in enumerate(casts)) +
@@ -69,6 +77,15 @@ def snippet(impl_name: str, description: str, op: str, inputs: Inputs,
     lines.append(f"threshold = {_literal(threshold)}")
   else:
     lines.append(f"threshold = {_float(float(threshold)).replace('np.', 'math.')}")
+  if library_call:
+    if inputs.segments is None or op == "clip_grad_norm":
+      lines += ["segments = None", "num_systems = None"]
+    else:
+      lines.append(f"num_systems = {inputs.num_systems}")
+    lines.append(f"norm_type = {_float(inputs.norm_type).replace('np.', 'math.')}")
+    lines.append(f"# {impl_name}: {description}")
+    lines += library_call.splitlines()
+    return "\n".join(lines)
   kwargs = []
   if inputs.segments is not None and op != "clip_grad_norm":
     kwargs += ["segments=segments", f"num_systems={inputs.num_systems}"]

@@ -47,6 +47,11 @@ class BrainstateClipGradNorm:
       mixed_dtypes=True,
   )
 
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("import brainstate\nimport jax.numpy as jnp\n"
+                "out, norm = brainstate.nn.clip_grad_norm([jnp.asarray(x) for x in leaves], "
+                "threshold, norm_type=norm_type, return_norm=True)\nprint(out, norm)")
+
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], Any]:
     _jax_common.require_mode(nonfinite, ("propagate",), _LIBRARY)

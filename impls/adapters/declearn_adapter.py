@@ -78,6 +78,11 @@ class L2GlobalClippingNumpy:
 
   framework = "numpy"
   capabilities = _capabilities()
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("from declearn.model.sklearn import NumpyVector\n"
+                "from declearn.optimizer.modules import L2GlobalClipping\n"
+                "vector = NumpyVector({f'leaf{i}': x for i, x in enumerate(leaves)})\n"
+                "print(L2GlobalClipping(threshold).run(vector).coefs)")
   description = ("declearn L2GlobalClipping on a NumpyVector: scale min((norm/max)**-1, 1), "
                  "norm = (sum of per-leaf sums of squares) ** 0.5; no norm returned")
 
@@ -97,6 +102,12 @@ class L2GlobalClippingTorch:
   available = not _TORCH_MISSING
   unavailable_reason = _TORCH_MISSING
   capabilities = _capabilities()
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("import torch\nfrom declearn.model.torch import TorchVector\n"
+                "from declearn.optimizer.modules import L2GlobalClipping\n"
+                "vector = TorchVector({f'leaf{i}': torch.from_numpy(x.copy()) "
+                "for i, x in enumerate(leaves)})\n"
+                "print(L2GlobalClipping(threshold).run(vector).coefs)")
   description = ("declearn L2GlobalClipping on a TorchVector: scale min((norm/max)**-1, 1), "
                  "norm = (sum of per-leaf sums of squares) ** 0.5; no norm returned")
 

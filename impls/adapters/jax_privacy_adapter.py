@@ -48,6 +48,11 @@ class JaxPrivacyClipPytree:
     self.nan_safe = nan_safe
     self.mode = "zero" if nan_safe else "propagate"
     self.description = f"jax_privacy.clipping.clip_pytree(leaves, clip_norm, nan_safe={nan_safe})"
+    # The library call a bug report would show (the suite's reproducer appends it).
+    self.reproducer = (
+        "import jax.numpy as jnp\nfrom jax_privacy import clipping\n"
+        "out, norm = clipping.clip_pytree([jnp.asarray(x) for x in leaves], threshold, "
+        f"nan_safe={nan_safe})\nprint(out, norm)")
     self.capabilities = Capabilities(
         per_system=False,
         per_system_max=False,

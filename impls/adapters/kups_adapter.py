@@ -72,6 +72,14 @@ class KupsClipByGlobalNorm:
   library = "kups"
   description = ("kups.relaxation.transforms.ClipByGlobalNorm(max_norm).update with "
                  "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("import jax.numpy as jnp\nfrom kups.core.data.index import Index\n"
+                "from kups.relaxation import transforms\n"
+                "updates = [jnp.asarray(x) for x in leaves]\n"
+                "prefix = None if segments is None else [Index.integer(s, n=num_systems) "
+                "for s in segments]\n"
+                "opt = transforms.ClipByGlobalNorm(max_norm=threshold)\n"
+                "out, _ = opt.update(updates, opt.init(updates, prefix))\nprint(out)")
   capabilities = _capabilities()
 
   def clip_by_global_norm(self, leaves: Sequence[Any], max_norm: Any, *,
@@ -90,6 +98,14 @@ class KupsMaxStepSize:
   library = "kups"
   description = ("kups.relaxation.transforms.MaxStepSize(max_step_size).update with "
                  "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("import jax.numpy as jnp\nfrom kups.core.data.index import Index\n"
+                "from kups.relaxation import transforms\n"
+                "updates = [jnp.asarray(x) for x in leaves]\n"
+                "prefix = None if segments is None else [Index.integer(s, n=num_systems) "
+                "for s in segments]\n"
+                "opt = transforms.MaxStepSize(max_step_size=threshold)\n"
+                "out, _ = opt.update(updates, opt.init(updates, prefix))\nprint(out)")
   capabilities = _capabilities()
 
   def clip_by_max_step(self, leaves: Sequence[Any], max_step: Any, *,

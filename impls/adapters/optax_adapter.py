@@ -48,6 +48,12 @@ class OptaxClipByGlobalNorm:
       mixed_dtypes=True,
   )
 
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("import jax.numpy as jnp\nimport optax\n"
+                "updates = [jnp.asarray(x) for x in leaves]\n"
+                "tx = optax.clip_by_global_norm(threshold)\n"
+                "out, _ = tx.update(updates, tx.init(updates))\nprint(out)")
+
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:
     _jax_common.require_l2(norm_type, _LIBRARY)

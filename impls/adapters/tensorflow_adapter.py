@@ -54,6 +54,12 @@ class ClipByGlobalNorm:
   description = ("tf.clip_by_global_norm(t_list, clip_norm): scale "
                  "clip_norm*min(1/norm, 1/clip_norm) + (norm-norm), norm in the leaf dtype")
 
+  # The library call a bug report would show (the suite's reproducer appends it).
+  reproducer = ("import tensorflow as tf\n"
+                "t_list = [tf.cast(tf.constant(x.astype(np.float32)), tf.bfloat16) "
+                "if x.dtype.name == 'bfloat16' else tf.constant(x) for x in leaves]\n"
+                "out, norm = tf.clip_by_global_norm(t_list, threshold)\nprint(out, norm)")
+
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], Any]:
     # Neither option exists in TensorFlow's API: refuse instead of emulating.

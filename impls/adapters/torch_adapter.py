@@ -84,6 +84,15 @@ def _check_nonfinite(nonfinite: str) -> None:
         f"nonfinite: torch.nn.utils.clip_grad_norm_ only propagates, got {nonfinite!r}")
 
 
+_TORCH_GRADS = (
+    "import torch\n"
+    "torch.set_printoptions(precision=10)\n"
+    "grads = [torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16) "
+    "if x.dtype.name == 'bfloat16' else torch.from_numpy(x.copy()) for x in leaves]\n"
+    "params = [torch.nn.Parameter(torch.empty_like(g)) for g in grads]\n"
+    "for p, g in zip(params, grads):\n  p.grad = g\n")
+
+
 class ClipGradNorm:
   """``torch.nn.utils.clip_grad_norm_`` with a fixed ``foreach`` on ``.grad`` of parameters."""
 
@@ -92,6 +101,10 @@ class ClipGradNorm:
   def __init__(self, foreach: bool):
     self.foreach = foreach
     self.capabilities = _capabilities(_COMPILE if foreach else ())
+    # The library call a bug report would show (the suite's reproducer appends it).
+    self.reproducer = _TORCH_GRADS + (
+        f"norm = torch.nn.utils.clip_grad_norm_(params, threshold, norm_type=norm_type, "
+        f"foreach={foreach})\nprint([p.grad for p in params], norm)")
     self.description = (
         f"torch.nn.utils.clip_grad_norm_(foreach={foreach}) on the .grad of parameters "
         "(in place; scale min(1, max/(norm+1e-6)); norm of per-tensor norms)")
@@ -112,6 +125,10 @@ class ClipGradsWithNorm:
   framework = "torch"
 
   def __init__(self):
+    self.reproducer = _TORCH_GRADS + (
+        "norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=norm_type)\n"
+        "torch.nn.utils.clip_grads_with_norm_(params, threshold, norm)\n"
+        "print([p.grad for p in params], norm)")
     self.capabilities = _capabilities(_COMPILE)
     self.description = (
         "torch.nn.utils.get_total_norm(grads) + clip_grads_with_norm_(params, max, norm) "
