@@ -294,7 +294,8 @@ def _profile(args: argparse.Namespace) -> str | None:
 def run_conform(impls: Sequence[str], ops: Sequence[str], profile: str | None,
                 results_path: str, extra: Sequence[str]) -> int:
   """Runs the suite; promotes its results table over ``results_path`` only if it is sound."""
-  from clipbench.reports import files, results
+  from clipbench import files
+  from clipbench.reports import results
   with _staged(results_path, ".csv.tmp") as tmp:
     cmd = conform_command(impls, ops, profile, tmp, extra)
     log = os.path.splitext(results_path)[0] + ".log"
@@ -308,7 +309,7 @@ def run_conform(impls: Sequence[str], ops: Sequence[str], profile: str | None,
       return rc if rc else EXIT_FAILED
     try:
       table = results.read_conformance(tmp)
-    except files.ResultsError as e:
+    except results.ResultsError as e:
       _note(f"the new results table is unreadable, {results_path} left as it was: {e}")
       return EXIT_FAILED
     os.replace(tmp, results_path)
@@ -374,7 +375,8 @@ def bench_command(impls: Sequence[str], workload_names: Sequence[str], scale: fl
 def run_bench(impls: Sequence[str], workload_names: Sequence[str], scale: float | None,
               quick: bool, json_path: str, extra: Sequence[str]) -> int:
   """Runs the benchmarks; promotes the JSON over ``json_path`` only after a clean run."""
-  from clipbench.reports import files, results
+  from clipbench import files
+  from clipbench.reports import results
   with _staged(json_path, ".json.tmp") as tmp:
     cmd = bench_command(impls, workload_names, scale, quick, tmp, extra)
     rc = run_pytest(cmd, "benchmarks", os.path.splitext(json_path)[0] + ".log")
@@ -383,7 +385,7 @@ def run_bench(impls: Sequence[str], workload_names: Sequence[str], scale: float 
       return rc
     try:
       run = results.read_benchmarks(tmp)
-    except files.ResultsError as e:
+    except results.ResultsError as e:
       _note(f"the new benchmark file is unreadable, {json_path} left as it was: {e}")
       return EXIT_FAILED
     if run.frame.empty:
@@ -603,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
   args.pytest_args = passthrough
   args.argv = argv
-  from clipbench.reports.files import ResultsError
+  from clipbench.reports.results import ResultsError
   try:
     return args.func(args)
   except (UsageError, ResultsError) as e:

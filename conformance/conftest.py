@@ -24,6 +24,7 @@ from typing import Any
 import hypothesis
 import pytest
 
+from clipbench import files
 from clipbench.conformance import manifest, reproducer, results
 from clipbench.conformance.cases import Inputs
 from clipbench.conformance.rules import Finding
@@ -199,7 +200,7 @@ def pytest_sessionfinish(session, exitstatus):
   state = getattr(session.config, "clipbench", None)
   if not state or not state["rows"] or session.config.option.collectonly:
     return
-  results.write_atomically(state["results"], results.to_csv(state["rows"]))
+  files.write_text(state["results"], results.to_csv(state["rows"]))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -20,7 +20,8 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from clipbench.reports import files, machine, plots, render, results, tables
+from clipbench import files
+from clipbench.reports import machine, plots, render, results, tables
 from clipbench.reports.render import Cell, Code, Facts, Heading, Image, Notes, Table, Text
 
 LATEST = "latest"

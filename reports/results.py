@@ -25,7 +25,6 @@ from typing import Any
 
 import pandas as pd
 
-from clipbench.reports.files import ResultsError
 
 OUTCOMES: tuple[str, ...] = (
     "pass", "deviation", "fail", "unexpected-pass", "not-applicable", "error")
@@ -35,6 +34,10 @@ CONFORMANCE_COLUMNS: tuple[str, ...] = (
     "duration_s")
 # Without these a row cannot be placed in the matrix; the other columns may be absent (an older
 # or an outside writer) and are then read as empty.
+
+class ResultsError(Exception):
+  """A results file is missing, unreadable or malformed; the message names the file and why."""
+
 _ESSENTIAL_CONFORMANCE = ("impl", "rule", "outcome")
 _NUMERIC_CONFORMANCE = ("max_ulp_error", "norm_ulp_error", "duration_s")
 

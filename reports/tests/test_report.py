@@ -12,7 +12,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from clipbench.reports import build, files, render, results, tables
+from clipbench import files
+from clipbench.reports import build, render, results, tables
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFORMANCE = os.path.join(DATA, "conformance.csv")
@@ -64,15 +65,15 @@ def test_read_conformance_types(conformance):
 def test_corrupt_conformance_file_names_file_and_reason(tmp_path, content, expected):
   path = tmp_path / "conformance.csv"
   path.write_bytes(content)
-  with pytest.raises(files.ResultsError) as e:
+  with pytest.raises(results.ResultsError) as e:
     results.read_conformance(path)
   assert str(path) in str(e.value) and expected in str(e.value)
 
 
 def test_missing_results_file_says_how_to_make_it(tmp_path):
-  with pytest.raises(files.ResultsError, match="no such file.*clipbench conform"):
+  with pytest.raises(results.ResultsError, match="no such file.*clipbench conform"):
     results.read_conformance(tmp_path / "nope.csv")
-  with pytest.raises(files.ResultsError, match="no such file.*clipbench bench"):
+  with pytest.raises(results.ResultsError, match="no such file.*clipbench bench"):
     results.read_benchmarks(tmp_path / "nope.json")
 
 
@@ -95,7 +96,7 @@ def _bench_with(tmp_path, mutate) -> str:
 ])
 def test_corrupt_benchmark_file(tmp_path, mutate, expected):
   path = _bench_with(tmp_path, mutate)
-  with pytest.raises(files.ResultsError) as e:
+  with pytest.raises(results.ResultsError) as e:
     results.read_benchmarks(path)
   assert path in str(e.value) and expected in str(e.value)
 
@@ -103,7 +104,7 @@ def test_corrupt_benchmark_file(tmp_path, mutate, expected):
 def test_truncated_benchmark_json(tmp_path):
   path = tmp_path / "benchmarks.json"
   path.write_text(open(BENCHMARKS, encoding="utf-8").read()[:500])
-  with pytest.raises(files.ResultsError, match="not valid JSON"):
+  with pytest.raises(results.ResultsError, match="not valid JSON"):
     results.read_benchmarks(path)
 
 
@@ -135,7 +136,7 @@ def test_corrupt_asv_results_file(tmp_path):
   shutil.copytree(ASV, tmp_path / "asv")
   bad = next((tmp_path / "asv" / "fixture-machine").glob("aaaa*.json"))
   bad.write_text("{not json")
-  with pytest.raises(files.ResultsError, match=re.escape(str(bad))):
+  with pytest.raises(results.ResultsError, match=re.escape(str(bad))):
     results.read_asv_history(tmp_path / "asv")
 
 

@@ -18,10 +18,6 @@ from typing import Iterator
 import pandas as pd
 
 
-class ResultsError(Exception):
-  """A results file is missing, unreadable or malformed; the message names the file and why."""
-
-
 def _umask() -> int:
   mask = os.umask(0o022)
   os.umask(mask)
