@@ -1,0 +1,142 @@
+"""One benchmark case (implementation x workload x dtype x device): can it run, and its call.
+
+Shared by asv (``bench_clipping``) and pytest-benchmark (``bench_workloads``) so both skip the
+same cases for the same reasons and time the same call. A case that cannot run here (library
+missing, operation, p, dtype or device not declared, no GPU) gets a reason string; each runner
+turns it into its own skip.
+
+Global workloads use ``clip_grad_norm``; an implementation that only provides
+``clip_by_global_norm`` runs them through it with ``segments=None``, which is the same
+computation (one system) under the canonical API.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+import time
+from typing import Callable
+
+from clipbench.benchmarks import workloads
+from clipbench.impls import calling
+from clipbench.impls.registry import BUILTIN, Implementation, load
+
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+def timed_impl_names() -> tuple[str, ...]:
+  """Built-in implementations that are timed: all but the exact (and slow) reference."""
+  return tuple(e.name for e in BUILTIN if e.kind != "reference")
+
+
+def kind_of(name: str) -> str:
+  for entry in BUILTIN:
+    if entry.name == name:
+      return entry.kind
+  return "outside"
+
+
+def cuda_device_node_present() -> bool:
+  """A cheap, import-free test for an NVIDIA GPU, checked before loading any framework."""
+  return os.path.exists("/dev/nvidiactl") or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def early_skip_reason(device: str) -> str | None:
+  """A reason decidable without importing any implementation (keeps skips cheap in asv)."""
+  if device not in DEVICES:
+    return f"unknown device {device!r}"
+  if device == "cuda" and not cuda_device_node_present():
+    return "no CUDA device on this machine"
+  return None
+
+
+def resolve_op(impl: Implementation, workload: workloads.Workload) -> str | None:
+  """The operation ``impl`` runs ``workload`` with, or None when it has none."""
+  ops = impl.ops
+  if workload.op in ops:
+    return workload.op
+  if workload.op == "clip_grad_norm" and "clip_by_global_norm" in ops:
+    return "clip_by_global_norm"
+  return None
+
+
+def _framework_device_reason(impl: Implementation, device: str) -> str | None:
+  if device == "cpu":
+    return None
+  if impl.framework == "torch":
+    import torch
+    return None if torch.cuda.is_available() else "torch sees no CUDA device"
+  if impl.framework == "jax":
+    import jax
+    try:
+      jax.devices("gpu")
+    except RuntimeError:
+      return "jax has no GPU backend"
+    return None
+  return f"{impl.framework} implementations run on the CPU only here"
+
+
+def skip_reason(impl: Implementation, workload: workloads.Workload, dtype: str,
+                device: str) -> str | None:
+  """Why the case cannot run here, or None when it can."""
+  reason = early_skip_reason(device)
+  if reason:
+    return reason
+  if not impl.available:
+    return f"{impl.name} unavailable: {impl.reason}"
+  op = resolve_op(impl, workload)
+  if op is None:
+    return f"{impl.name} does not provide {workload.op}"
+  caps = impl.capabilities
+  if workload.per_system and not caps.per_system:
+    return f"{impl.name} has no per-system (segments) support"
+  if op != "clip_by_max_step" and not caps.supports_norm_type(workload.norm_type):
+    return f"{impl.name} does not support norm_type={workload.norm_type}"
+  if dtype not in caps.dtypes:
+    return f"{impl.name} does not support {dtype}"
+  if device not in caps.devices:
+    return f"{impl.name} does not run on {device}"
+  return _framework_device_reason(impl, device)
+
+
+def load_case(impl_name: str, workload_name: str, dtype: str,
+              device: str) -> tuple[Implementation | None, workloads.Workload, str | None]:
+  """Loads the implementation (unless an early reason applies) and says why it cannot run."""
+  workload = workloads.get(workload_name)
+  workloads.numpy_dtype(dtype)  # validates the name
+  reason = early_skip_reason(device)
+  if reason:
+    return None, workload, reason
+  impl = load(impl_name)
+  return impl, workload, skip_reason(impl, workload, dtype, device)
+
+
+def prepare(impl: Implementation, workload: workloads.Workload, inputs: workloads.Inputs,
+            device: str) -> calling.Prepared:
+  """Framework-side arguments of the case, built outside any timed region."""
+  op = resolve_op(impl, workload)
+  if op is None:
+    raise ValueError(f"impl: {impl.name} cannot run {workload.name}")
+  return calling.prepare(impl, op, inputs.leaves, inputs.threshold, segments=inputs.segments,
+                         num_systems=inputs.num_systems, norm_type=inputs.norm_type,
+                         device=device)
+
+
+def median_call_seconds(call: Callable[[], object], reset: Callable[[], None] | None = None, *,
+                        min_calls: int = 3, max_calls: int = 25,
+                        budget_seconds: float = 0.5) -> float:
+  """Median wall time of ``call()``; ``reset()`` (untimed) runs before each call when given.
+
+  Calls stop after ``max_calls`` or once ``budget_seconds`` is spent and ``min_calls`` ran.
+  """
+  samples: list[float] = []
+  spent = 0.0
+  while len(samples) < max_calls and (len(samples) < min_calls or spent < budget_seconds):
+    if reset is not None:
+      reset()
+    start = time.perf_counter()
+    call()
+    samples.append(time.perf_counter() - start)
+    spent += samples[-1]
+  return statistics.median(samples)
