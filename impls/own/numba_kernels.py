@@ -1,0 +1,1326 @@
+"""Compiled CPU kernels (numba, parallel over blocks of systems) for the three operations.
+
+Numerical design (SPEC rules 3-5 exactly, at memory speed):
+
+* **Norm pass.** For float16/bfloat16/float32 leaves every ``|x|**p`` with ``p <= 6`` is
+  formed in float64 (exact for p = 1, 2: a float32 square has 48 bits) and summed in float64:
+  no float32 value can overflow or underflow there (``(3.4e38)**6 < 1e308``,
+  ``(1.4e-45)**6 > 2.2e-308``), so no scaling pass is needed and one read suffices. Larger p,
+  and any call with a float64 leaf, first take each system's max |x| (exact), scale by a power
+  of two and accumulate double-double sums (TwoProd via a fused multiply-add).
+* **Reduction order (rule 11, by construction).** A system's rows in one leaf form a run (its
+  rows in row order; unsorted segments are gathered into that order first). Each run is cut
+  into fixed blocks of ``BLOCK`` elements counted from the run's start; a block is summed by
+  one compiled loop whose order is a fixed function of the block length (LLVM splits it into
+  vector lanes under the ``reassoc`` flag alone; it never peels for alignment, and a test pins
+  the bits at every offset), and a system's block sums are added in leaf order, then block
+  order. Nothing depends on other systems, on where the run sits in memory, or on the thread
+  that ran it; the sorted fast path (segment offsets, no scatter) and the unsorted path sum
+  the same blocks, so they give the same bits. Max-step and p = inf take maxima (exact).
+* **Decision and factor** (``numerics.finalize``): the norm is known within a rigorous bound
+  (``(n-1) 2**-53`` relative for n float32 squares); a threshold inside that bound is a
+  near-tie settled exactly on the host (integer arithmetic); the factor s is the largest float
+  with ``s * n_up <= c``. For calls without float64 leaves s keeps 29 bits, so ``x * s`` is
+  exact in float64 and one rounding toward zero (float64 -> leaf dtype, with a one-ulp fix-up)
+  is the exact RTZ value; with float64 leaves s keeps 53 bits and the rounding uses the exact
+  product error from an FMA. RTZ only shrinks magnitudes: the output norm is <= s * n <= c.
+* **Apply pass.** Kept systems are copied bit for bit (never multiplied by 1.0), NaN-poisoned
+  ones filled with NaN, the others scaled. Outputs are new arrays: views of one buffer per
+  dtype, recycled (``_BufferPool``) once every view of an earlier result is gone, because
+  first-touch page faults on fresh memory cost about one more pass.
+
+Execution: validation (rules 6, 9, 10, 13) runs on the host before any kernel. Kernels are
+serial, release the GIL and run over contiguous ranges of blocks on a small thread pool (an
+OpenMP barrier on a busy 2-core machine stalled ~36 ms per parallel region); they read leaves
+in place through their data pointers (small leaves packed with one C-level concatenate) and
+are compiled once (``cache=True``) per argument types. Float64 leaves and p > 6 take the
+slower scaled double-double path (correct, not tuned).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import ml_dtypes
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from clipbench.impls.capabilities import ANY_NORM_TYPE, DTYPES, Capabilities
+from clipbench.impls.own import numerics
+
+framework = "numpy"
+version = numba.__version__
+description = "numba kernels over blocks of systems (thread pool); exact decisions, RTZ scaling"
+capabilities = Capabilities(
+    per_system=True, per_system_max=True, norm_types=ANY_NORM_TYPE, dtypes=DTYPES,
+    nonfinite=("propagate", "zero"), returns_norm=True, in_place=False, transforms=(),
+    devices=("cpu",), mixed_dtypes=True)
+
+BLOCK = 8192  # elements per block of a run (the unit of parallel work and of summation order)
+_F16, _BF16, _F32, _F64 = 0, 1, 2, 3
+_CODES = {"float16": _F16, "bfloat16": _BF16, "float32": _F32, "float64": _F64}
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# Exact float16 -> float32 table (64K entries): decoding by lookup needs no float16 arithmetic.
+_F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
+    np.float32)
+
+_KIND_ABS, _KIND_SQ, _KIND_INT, _KIND_POW = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------- intrinsics
+def _pointer_intrinsic(elem):
+  @intrinsic
+  def as_pointer(typingctx, addr):
+    sig = types.CPointer(elem)(types.int64)
+
+    def codegen(context, builder, signature, args):
+      return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+  return as_pointer
+
+
+_ptr_u16 = _pointer_intrinsic(types.uint16)
+_ptr_u32 = _pointer_intrinsic(types.uint32)
+_ptr_u64 = _pointer_intrinsic(types.uint64)
+
+
+@intrinsic
+def _f32(typingctx, bits):
+  sig = types.float32(types.uint32)
+
+  def codegen(context, builder, signature, args):
+    return builder.bitcast(args[0], ir.FloatType())
+  return sig, codegen
+
+
+@intrinsic
+def _u32(typingctx, value):
+  sig = types.uint32(types.float32)
+
+  def codegen(context, builder, signature, args):
+    return builder.bitcast(args[0], ir.IntType(32))
+  return sig, codegen
+
+
+@intrinsic
+def _f64(typingctx, bits):
+  sig = types.float64(types.uint64)
+
+  def codegen(context, builder, signature, args):
+    return builder.bitcast(args[0], ir.DoubleType())
+  return sig, codegen
+
+
+@intrinsic
+def _u64(typingctx, value):
+  sig = types.uint64(types.float64)
+
+  def codegen(context, builder, signature, args):
+    return builder.bitcast(args[0], ir.IntType(64))
+  return sig, codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+  sig = types.float64(types.float64, types.float64, types.float64)
+
+  def codegen(context, builder, signature, args):
+    d = ir.DoubleType()
+    fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
+    return builder.call(fn, args)
+  return sig, codegen
+
+
+_JIT = dict(nogil=True, cache=True, fastmath=False)
+
+
+# ------------------------------------------------------------------------- element decoding
+# Every kernel below is serial and releases the GIL; ``_parallel`` hands contiguous ranges of
+# work items to a small thread pool. Loops index zero-based slices so that numba can drop its
+# negative-index checks (they would otherwise block vectorisation).
+@njit(inline="always", **_JIT)
+def _views(addr, size, code):
+  n16 = size if (code == _F16 or code == _BF16) else 0
+  n32 = size if code == _F32 else 0
+  n64 = size if code == _F64 else 0
+  a16 = numba.carray(_ptr_u16(addr if n16 else 0), n16)
+  a32 = numba.carray(_ptr_u32(addr if n32 else 0), n32)
+  a64 = numba.carray(_ptr_u64(addr if n64 else 0), n64)
+  return a16, a32, a64
+
+
+@njit(inline="always", **_JIT)
+def _load(code, a16, a32, a64, i, table):
+  """Element i of a leaf as an exact float64 (only the view of its dtype is non-empty)."""
+  if code == _F32:
+    return np.float64(_f32(a32[i]))
+  if code == _F64:
+    return _f64(a64[i])
+  if code == _BF16:
+    return np.float64(_f32(np.uint32(a16[i]) << np.uint32(16)))
+  return np.float64(table[a16[i]])
+
+
+# ------------------------------------------------------------- pass 1: f32-mode power sums
+# The fast block sums carry the ``reassoc`` fast-math flag and nothing else: LLVM may then
+# split the sum into vector lanes (element j of the block -> lane j mod width, lanes added by
+# a fixed tree at the end), which is what makes the pass memory-bound. The order is a fixed
+# function of the compiled code and the block length, never of the data's address (LLVM does
+# not peel loops for alignment on x86; a test pins the bits at every offset), the thread, or
+# other systems. Squares of <= 32-bit floats are exact in float64, so only that order matters.
+_REASSOC = dict(nogil=True, cache=True, fastmath={"reassoc"})
+
+
+def _make_power_sum(kind: int, int_power: int = 0):
+  """Items kernel summing |x|**p for one term kind (and integer power): compile-time
+  constants, so the block loops carry no branches."""
+
+  @njit(inline="always", **_JIT)
+  def term(a, ip, p):
+    if kind == _KIND_SQ:
+      return a * a
+    if kind == _KIND_ABS:
+      return a
+    if kind == _KIND_INT:
+      t = a * a
+      for _ in range(int_power - 2):
+        t = t * a
+      return t
+    return a ** p
+
+  @njit(**_REASSOC)
+  def block_f32(xs, ip, p):
+    s = 0.0
+    for j in range(xs.size):
+      s += term(abs(np.float64(_f32(xs[j]))), ip, p)
+    return s
+
+  @njit(**_REASSOC)
+  def block_bf16(xs, ip, p):
+    s = 0.0
+    for j in range(xs.size):
+      s += term(abs(np.float64(_f32(np.uint32(xs[j]) << np.uint32(16)))), ip, p)
+    return s
+
+  @njit(**_REASSOC)
+  def block_f16(xs, table, ip, p):
+    s = 0.0
+    for j in range(xs.size):
+      s += term(abs(np.float64(table[xs[j]])), ip, p)
+    return s
+
+  @njit(**_JIT)
+  def block_skipping(code, a16, a32, a64, table, start, n, ip, p):
+    """Zero mode, a block holding non-finite elements: they count as 0 (in order)."""
+    s = 0.0
+    for j in range(n):
+      v = _load(code, a16, a32, a64, start + j, table)
+      if math.isfinite(v):
+        s += term(abs(v), ip, p)
+    return s
+
+  @njit(**_JIT)
+  def items(i0, i1, part, flags, addrs, sizes, codes, it_leaf, it_start, it_len, table, ip, p,
+            zero_mode):
+    for it in range(i0, i1):
+      leaf = it_leaf[it]
+      code = codes[leaf]
+      a16, a32, a64 = _views(addrs[leaf], sizes[leaf], code)
+      start, n = it_start[it], it_len[it]
+      if code == _F32:
+        total = block_f32(a32[start:start + n], ip, p)
+      elif code == _BF16:
+        total = block_bf16(a16[start:start + n], ip, p)
+      else:
+        total = block_f16(a16[start:start + n], table, ip, p)
+      f = 0
+      if not math.isfinite(total):
+        # Only non-finite elements make a sum of p <= 6 powers of <= 32-bit floats non-finite.
+        f = _block_flags(code, a16, a32, a64, table, start, n)
+        if zero_mode:
+          total = block_skipping(code, a16, a32, a64, table, start, n, ip, p)
+      part[it] = total
+      flags[it] = f
+
+  return items
+
+
+@njit(inline="always", **_JIT)
+def _block_flags(code, a16, a32, a64, table, start, n):
+  f = 0
+  for j in range(n):
+    v = _load(code, a16, a32, a64, start + j, table)
+    if math.isnan(v):
+      f |= 1
+    elif math.isinf(v):
+      f |= 2
+  return f
+
+
+_POWER_SUM = {kind: _make_power_sum(kind) for kind in (_KIND_ABS, _KIND_SQ, _KIND_POW)}
+_POWER_SUM.update({(_KIND_INT, k): _make_power_sum(_KIND_INT, k) for k in range(3, 7)})
+
+
+# ------------------------------------------------------------------- pass: max / min |x|
+# Extremes of |x| are taken on the bit patterns (for nonnegative floats the integer order is
+# the float order): integer min/max reductions vectorise without fast-math, and NaN/inf have
+# the largest patterns, which flags them for a careful re-scan of the block.
+@njit(**_JIT)
+def _bits_extreme(code, a16, a32, a64, start, n, want_min):
+  """Largest (or smallest) |x| bit pattern of a block (integer reductions vectorise)."""
+  if code == _F32:
+    xs = a32[start:start + n]
+    if want_min:
+      lo32 = np.uint32(0xFFFFFFFF)
+      for b in xs:
+        lo32 = min(lo32, b & np.uint32(0x7FFFFFFF))
+      hi32 = np.uint32(0)
+      for b in xs:
+        hi32 = max(hi32, b & np.uint32(0x7FFFFFFF))
+      return np.uint64(lo32), np.uint64(hi32)
+    hi32 = np.uint32(0)
+    for b in xs:
+      hi32 = max(hi32, b & np.uint32(0x7FFFFFFF))
+    return np.uint64(0), np.uint64(hi32)
+  lo = np.uint64(0xFFFFFFFFFFFFFFFF)
+  hi = np.uint64(0)
+  if code == _F64:
+    for b in a64[start:start + n]:
+      v = b & np.uint64(0x7FFFFFFFFFFFFFFF)
+      lo = min(lo, v)
+      hi = max(hi, v)
+  else:
+    for b in a16[start:start + n]:
+      v = np.uint64(b & np.uint16(0x7FFF))
+      lo = min(lo, v)
+      hi = max(hi, v)
+  return lo, hi
+
+
+@njit(inline="always", **_JIT)
+def _bits_value(code, bits, table):
+  if code == _F32:
+    return np.float64(_f32(np.uint32(bits)))
+  if code == _F64:
+    return _f64(bits)
+  if code == _BF16:
+    return np.float64(_f32(np.uint32(bits) << np.uint32(16)))
+  return np.float64(table[np.uint16(bits)])
+
+
+@njit(inline="always", **_JIT)
+def _nonfinite_bits(code):
+  if code == _F32:
+    return np.uint64(0x7F800000)
+  if code == _F64:
+    return np.uint64(0x7FF0000000000000)
+  if code == _BF16:
+    return np.uint64(0x7F80)
+  return np.uint64(0x7C00)
+
+
+@njit(**_JIT)
+def _extreme_items(i0, i1, part, flags, addrs, sizes, codes, it_leaf, it_start, it_len, table,
+                   want_min, zero_mode):
+  """Items [i0, i1): max |x| (or min |x|) and non-finite flags; non-finite count as 0 in
+  zero mode (and are skipped otherwise: such a system is poisoned anyway)."""
+  for it in range(i0, i1):
+    leaf = it_leaf[it]
+    code = codes[leaf]
+    a16, a32, a64 = _views(addrs[leaf], sizes[leaf], code)
+    start, n = it_start[it], it_len[it]
+    lo, hi = _bits_extreme(code, a16, a32, a64, start, n, want_min)
+    if hi < _nonfinite_bits(code):
+      part[it] = _bits_value(code, lo if want_min else hi, table)
+      flags[it] = 0
+      continue
+    best = np.inf if want_min else 0.0
+    f = 0
+    for j in range(n):
+      v = abs(_load(code, a16, a32, a64, start + j, table))
+      if not math.isfinite(v):
+        f |= 1 if math.isnan(v) else 2
+        if not zero_mode:
+          continue
+        v = 0.0
+      best = min(best, v) if want_min else max(best, v)
+    part[it] = best
+    flags[it] = f
+
+
+# --------------------------------------------------- pass 2 (scaled, double-double) sums
+@njit(inline="always", **_JIT)
+def _dd_add(hi, lo, t_hi, t_lo):
+  s = hi + t_hi
+  bb = s - hi
+  e = (hi - (s - bb)) + (t_hi - bb)
+  return s, lo + (e + t_lo)
+
+
+@njit(inline="always", **_JIT)
+def _two_prod(a, b):
+  p = a * b
+  return p, _fma(a, b, -p)
+
+
+@njit(inline="always", **_JIT)
+def _two_sum(a, b):
+  s = a + b
+  bb = s - a
+  return s, (a - (s - bb)) + (b - bb)
+
+
+@njit(inline="always", **_JIT)
+def _dd_mul(ah, al, bh, bl):
+  p, e = _two_prod(ah, bh)
+  e += ah * bl + al * bh
+  s = p + e
+  return s, e - (s - p)
+
+
+@njit(inline="always", **_JIT)
+def _dd_add_d(hi, lo, d):
+  s, e = _two_sum(hi, d)
+  e += lo
+  t = s + e
+  return t, e - (t - s)
+
+
+@njit(**_JIT)
+def _dd_exp(h, l, coeffs_hi, coeffs_lo):
+  """Scalar twin of ``numerics.dd_exp`` (same reduction, Taylor terms and squarings)."""
+  k = math.floor(h / numerics.LN2_HI + 0.5)
+  p1, e1 = _two_prod(k, numerics.LN2_HI)
+  r_hi, r_lo = _two_sum(h, -p1)
+  r_lo += l - e1 - k * numerics.LN2_LO
+  t = r_hi + r_lo
+  r_lo = r_lo - (t - r_hi)
+  r_hi = t * 0.0625
+  r_lo = r_lo * 0.0625
+  a_hi, a_lo = coeffs_hi[0], coeffs_lo[0]
+  for i in range(1, coeffs_hi.size):
+    a_hi, a_lo = _dd_mul(a_hi, a_lo, r_hi, r_lo)
+    a_hi, a_lo = _dd_add_d(a_hi, a_lo + coeffs_lo[i], coeffs_hi[i])
+  a_hi, a_lo = _dd_mul(a_hi, a_lo, r_hi, r_lo)
+  a_hi, a_lo = _dd_add_d(a_hi, a_lo, 1.0)
+  a_hi, a_lo = _dd_mul(a_hi, a_lo, r_hi, r_lo)
+  for _ in range(4):
+    t_hi, t_lo = _dd_add_d(a_hi, a_lo, 2.0)
+    a_hi, a_lo = _dd_mul(a_hi, a_lo, t_hi, t_lo)
+  e_hi, e_lo = _dd_add_d(a_hi, a_lo, 1.0)
+  if k < -1000.0:
+    return 0.0, 0.0  # far below the system's largest term (>= 2**-512): negligible
+  s = math.ldexp(1.0, int(k))
+  return e_hi * s, e_lo * s
+
+
+@njit(**_JIT)
+def _dd_pow(a, a_lo, p, coeffs_hi, coeffs_lo):
+  """(a + a_lo)**p (0 < a <= 1) as a double-double, via dd log and dd exp."""
+  m, e = math.frexp(a)
+  ml = math.ldexp(a_lo, -e)
+  y = math.log(m)
+  x_hi, x_lo = _dd_exp(-y, 0.0, coeffs_hi, coeffs_lo)
+  t_hi, t_lo = _dd_mul(m, ml, x_hi, x_lo)
+  t_hi, t_lo = _dd_add_d(t_hi, t_lo, -1.0)
+  y_hi = y + (t_hi + t_lo)
+  y_lo = (t_hi + t_lo) - (y_hi - y)
+  k_hi, k_lo = _two_prod(float(e), numerics.LN2_HI)
+  k_lo += float(e) * numerics.LN2_LO
+  s_hi, s_lo = _two_sum(k_hi, y_hi)
+  s_lo += k_lo + y_lo
+  z_hi, z_lo = _two_prod(s_hi, p)
+  z_lo += s_lo * p
+  if z_hi < -740.0:
+    return 0.0, 0.0
+  return _dd_exp(z_hi, z_lo, coeffs_hi, coeffs_lo)
+
+
+_COEFFS_HI = np.array([c[0] for c in numerics._EXP_COEFFS])  # pylint: disable=protected-access
+_COEFFS_LO = np.array([c[1] for c in numerics._EXP_COEFFS])  # pylint: disable=protected-access
+
+
+@njit(inline="always", **_JIT)
+def _dd_term(a, a_lo, kind, ip, p):
+  """(hi, lo) of a**p for a >= 0: exact for p = 1, 2; double-double otherwise."""
+  if kind == _KIND_ABS:
+    return a, 0.0
+  if kind == _KIND_SQ:
+    h = a * a
+    return h, _fma(a, a, -h)
+  if kind == _KIND_INT:
+    h = a * a
+    lo = _fma(a, a, -h)
+    for _ in range(ip - 2):
+      nh = h * a
+      nlo = _fma(h, a, -nh) + lo * a
+      h = nh + nlo
+      lo = nlo - (h - nh)
+    return h, lo
+  if a == 0.0:
+    return 0.0, 0.0
+  return _dd_pow(a, a_lo, p, _COEFFS_HI, _COEFFS_LO)
+
+
+@njit(**_JIT)
+def _scaled_sum_items(i0, i1, hi_out, lo_out, addrs, sizes, codes, it_leaf, it_sys, it_start,
+                      it_len, table, inv_scale, inv_scale2, divide, kind, ip, p):
+  """Items [i0, i1): double-double sum of (|x| 2**-K)**p (or (|x| / max)**p), in order.
+
+  Non-finite elements are skipped (they only matter in zero mode, where they count as 0)."""
+  for it in range(i0, i1):
+    leaf = it_leaf[it]
+    code = codes[leaf]
+    a16, a32, a64 = _views(addrs[leaf], sizes[leaf], code)
+    start, n = it_start[it], it_len[it]
+    f = inv_scale[it_sys[it]]
+    f2 = inv_scale2[it_sys[it]]  # 2**-K = f * f2: two exact steps when 2**-K overflows
+    hi = 0.0
+    lo = 0.0
+    for j in range(n):
+      v = abs(_load(code, a16, a32, a64, start + j, table))
+      if not math.isfinite(v):
+        continue
+      if divide:  # a + a_lo = v / f (the FMA residual of the quotient)
+        a = v / f
+        a_lo = _fma(-a, f, v) / f
+      else:
+        a = (v * f) * f2
+        a_lo = 0.0
+      t_hi, t_lo = _dd_term(a, a_lo, kind, ip, p)
+      hi, lo = _dd_add(hi, lo, t_hi, t_lo)
+    hi_out[it] = hi
+    lo_out[it] = lo
+
+
+# ------------------------------------------------------------------------ max-step pass
+@njit(**_JIT)
+def _step_items(i0, i1, out_k, out_hi, out_lo, flags, addrs, sizes, codes, vecs, it_leaf,
+                it_start, it_len, table, zero_mode, dd):
+  """Items [i0, i1) (whole vectors): the largest vector sum of squares as (k, hi, lo), value
+  (hi + lo) 4**k. f32 mode sums each vector in float64 in order (k = 0); dd mode scales each
+  vector by a power of two and sums its exact squares in double-double."""
+  for it in range(i0, i1):
+    leaf = it_leaf[it]
+    code = codes[leaf]
+    a16, a32, a64 = _views(addrs[leaf], sizes[leaf], code)
+    start, n = it_start[it], it_len[it]
+    d = vecs[leaf]
+    best_k, best_hi, best_lo = 0, 0.0, 0.0
+    f = 0
+    for v0 in range(start, start + n, d):
+      if not dd:
+        s = 0.0
+        bad = False
+        for j in range(d):
+          x = _load(code, a16, a32, a64, v0 + j, table)
+          if not math.isfinite(x):
+            f |= 1 if math.isnan(x) else 2
+            bad = True
+            continue
+          s += x * x
+        if bad and not zero_mode:
+          continue
+        best_hi = max(best_hi, s)
+        continue
+      amax = 0.0
+      for j in range(d):
+        x = abs(_load(code, a16, a32, a64, v0 + j, table))
+        if not math.isfinite(x):
+          f |= 1 if math.isnan(x) else 2
+        else:
+          amax = max(amax, x)
+      if amax == 0.0:
+        continue
+      e = math.frexp(amax)[1]
+      inv = math.ldexp(1.0, min(-e, 1000))
+      inv2 = math.ldexp(1.0, max(-e - 1000, 0))
+      hi = 0.0
+      lo = 0.0
+      for j in range(d):
+        x = abs(_load(code, a16, a32, a64, v0 + j, table))
+        if math.isfinite(x):
+          a = (x * inv) * inv2
+          t_hi = a * a
+          hi, lo = _dd_add(hi, lo, t_hi, _fma(a, a, -t_hi))
+      hi, lo = hi + lo, lo - ((hi + lo) - hi)
+      # Normalise to [1, 4) * 4**k so that vectors compare lexicographically.
+      k = e
+      while hi >= 4.0:
+        hi *= 0.25
+        lo *= 0.25
+        k += 1
+      while hi < 1.0:
+        hi *= 4.0
+        lo *= 4.0
+        k -= 1
+      if best_hi == 0.0 or k > best_k or (k == best_k and (hi > best_hi or (
+          hi == best_hi and lo > best_lo))):
+        best_k, best_hi, best_lo = k, hi, lo
+    out_k[it], out_hi[it], out_lo[it] = best_k, best_hi, best_lo
+    flags[it] = f
+
+
+# ------------------------------------------------------------------------------ apply pass
+@njit(inline="always", **_JIT)
+def _rtz64(ax, s_m, s_e):
+  """RTZ(ax * s_m * 2**s_e) in float64 for ax >= 0 (exact: the FMA gives the product error)."""
+  if ax == 0.0:
+    return 0.0
+  shift = 0
+  if ax < 2.0 ** -900:
+    ax = ax * 2.0 ** 200
+    shift = -200
+  pr = ax * s_m
+  err = _fma(ax, s_m, -pr)
+  below = err < 0.0 or (err == 0.0 and math.copysign(1.0, err) < 0.0)
+  e = s_e + shift
+  pe = math.frexp(pr)[1]
+  if pe + e >= -1021:
+    y = math.ldexp(pr, e)  # exact: the result is normal
+    if below:
+      y = _f64(_u64(y) - np.uint64(1))
+    return y
+  if pe + e < -1080:
+    return 0.0
+  t = math.ldexp(pr, e + 1074)  # exact (normal), the result in units of 2**-1074
+  units = math.floor(t)
+  if below and units == t:
+    units -= 1.0
+  return _f64(np.uint64(units))
+
+
+@njit(inline="always", **_JIT)
+def _f32_rtz_bits(y):
+  """Bits of the largest float32 <= y (y >= 0, below the float32 max)."""
+  q = np.float32(y)
+  return _u32(q) - np.uint32(np.float64(q) > y)
+
+
+@njit(inline="always", **_JIT)
+def _f16_from_f32_rtz(b):
+  """RTZ float32 bits (positive, below 65520) -> float16 bits."""
+  e = np.int32((b >> np.uint32(23)) & np.uint32(0xFF)) - 127
+  if e >= -14:
+    return np.uint16(((e + 15) << 10) | np.int32((b & np.uint32(0x7FFFFF)) >> np.uint32(13)))
+  q = np.float64(_f32(b)) * 2.0 ** 24
+  return np.uint16(math.floor(q))
+
+
+@njit(inline="always", **_JIT)
+def _scale_f32(xs, os, sv):
+  """os = RTZ(xs * sv) for float32 bits, sv with <= 29 significant bits (x * sv is exact)."""
+  for j in range(xs.size):
+    b = xs[j]
+    y = np.float64(_f32(b & np.uint32(0x7FFFFFFF))) * sv
+    os[j] = _f32_rtz_bits(y) | (b & np.uint32(0x80000000))
+
+
+@njit(inline="always", **_JIT)
+def _apply_range(addr, out_addr, size, code, start, n, table, act, sm, se, sv, zero_sys,
+                 precise):
+  a16, a32, a64 = _views(addr, size, code)
+  o16, o32, o64 = _views(out_addr, size, code)
+  end = start + n
+  if act == numerics.NAN_FILL:
+    if code == _F32:
+      o32[start:end] = np.uint32(0x7FC00000)
+    elif code == _F64:
+      o64[start:end] = np.uint64(0x7FF8000000000000)
+    elif code == _BF16:
+      o16[start:end] = np.uint16(0x7FC0)
+    else:
+      o16[start:end] = np.uint16(0x7E00)
+    return
+  if act == numerics.KEEP and not zero_sys:
+    if code == _F32:
+      o32[start:end] = a32[start:end]
+    elif code == _F64:
+      o64[start:end] = a64[start:end]
+    else:
+      o16[start:end] = a16[start:end]
+    return
+  if act == numerics.SCALE and code == _F32 and not precise and not zero_sys:
+    _scale_f32(a32[start:end], o32[start:end], sv)
+    return
+  for i in range(start, end):
+    x = _load(code, a16, a32, a64, i, table)
+    if not math.isfinite(x):  # zero mode only: a non-finite element becomes +0.0
+      if code == _F32:
+        o32[i] = np.uint32(0)
+      elif code == _F64:
+        o64[i] = np.uint64(0)
+      else:
+        o16[i] = np.uint16(0)
+      continue
+    if act == numerics.KEEP:
+      if code == _F32:
+        o32[i] = a32[i]
+      elif code == _F64:
+        o64[i] = a64[i]
+      else:
+        o16[i] = a16[i]
+      continue
+    ax = abs(x)
+    neg = math.copysign(1.0, x) < 0.0
+    y = _rtz64(ax, sm, se) if precise else ax * sv  # the latter exact: <= 24 x 29 bits
+    if code == _F64:
+      o64[i] = _u64(y) | (np.uint64(1) << np.uint64(63) if neg else np.uint64(0))
+      continue
+    b = _f32_rtz_bits(y)
+    if code == _F32:
+      o32[i] = b | (np.uint32(0x80000000) if neg else np.uint32(0))
+    elif code == _BF16:
+      o16[i] = np.uint16(b >> np.uint32(16)) | (np.uint16(0x8000) if neg else np.uint16(0))
+    else:
+      o16[i] = _f16_from_f32_rtz(b) | (np.uint16(0x8000) if neg else np.uint16(0))
+
+
+@njit(**_JIT)
+def _apply_items(i0, i1, addrs, out_addrs, sizes, codes, it_leaf, it_sys, it_start, it_len,
+                 table, action, s_m, s_e, s_val, zero_sys, precise):
+  for it in range(i0, i1):
+    leaf = it_leaf[it]
+    k = it_sys[it]
+    _apply_range(addrs[leaf], out_addrs[leaf], sizes[leaf], codes[leaf], it_start[it],
+                 it_len[it], table, action[k], s_m[k], s_e[k], s_val[k], zero_sys[k], precise)
+
+
+@njit(**_JIT)
+def _apply_rows(r0, r1, addr, out_addr, size, code, rowsize, seg, table, action, s_m, s_e,
+                s_val, zero_sys, precise):
+  for r in range(r0, r1):
+    k = seg[r]
+    _apply_range(addr, out_addr, size, code, r * rowsize, rowsize, table, action[k], s_m[k],
+                 s_e[k], s_val[k], zero_sys[k], precise)
+
+
+# ------------------------------------------------------------------------- segment handling
+@njit(**_JIT)
+def _scan_chunk(c0, c1, seg, mins, maxs, ok, nchunks):
+  """Chunks [c0, c1) of an id array: min, max, and sortedness (including the chunk's first
+  element against the previous chunk's last). Branch-free, so it vectorises."""
+  n = seg.size
+  for c in range(c0, c1):
+    lo = c * n // nchunks
+    hi = (c + 1) * n // nchunks
+    mn = np.iinfo(np.int64).max
+    mx = np.iinfo(np.int64).min
+    for v in seg[lo:hi]:
+      mn = min(mn, np.int64(v))
+      mx = max(mx, np.int64(v))
+    start = max(lo, 1)
+    descents = 0
+    cur = seg[start:hi]
+    prev = seg[start - 1:hi - 1]
+    for j in range(cur.size):
+      descents += np.int64(cur[j] < prev[j])
+    mins[c] = mn
+    maxs[c] = mx
+    ok[c] = descents == 0
+
+
+@njit(**_JIT)
+def _sorted_offsets(seg, num_systems):
+  off = np.empty(num_systems + 1, dtype=np.int64)
+  j = 0
+  n = seg.size
+  for k in range(num_systems + 1):
+    while j < n and seg[j] < k:
+      j += 1
+    off[k] = j
+  return off
+
+
+@njit(**_JIT)
+def _counting_order(seg, num_systems):
+  """Stable order of rows by system (counting sort) and the system row offsets."""
+  off = np.zeros(num_systems + 1, dtype=np.int64)
+  for i in range(seg.size):
+    off[seg[i] + 1] += 1
+  for k in range(num_systems):
+    off[k + 1] += off[k]
+  pos = off[:-1].copy()
+  order = np.empty(seg.size, dtype=np.int64)
+  for i in range(seg.size):
+    k = seg[i]
+    order[pos[k]] = i
+    pos[k] += 1
+  return order, off
+
+
+@njit(**_JIT)
+def _build_items(offsets, rowsizes, vecs, block, by_vectors):
+  """Items (leaf, system, start, length) of every non-empty run, cut into blocks, in
+  (leaf, system, block) order. ``offsets[l]`` are row offsets of systems in leaf l."""
+  nl = offsets.shape[0]
+  ns = offsets.shape[1] - 1
+  count = 0
+  for l in range(nl):
+    r = rowsizes[l]
+    step = max(1, block // vecs[l]) * vecs[l] if by_vectors else block
+    for k in range(ns):
+      length = (offsets[l, k + 1] - offsets[l, k]) * r
+      if length > 0:
+        count += (length + step - 1) // step
+  it_leaf = np.empty(count, dtype=np.int32)
+  it_sys = np.empty(count, dtype=np.int32)
+  it_start = np.empty(count, dtype=np.int64)
+  it_len = np.empty(count, dtype=np.int64)
+  c = 0
+  for l in range(nl):
+    r = rowsizes[l]
+    step = max(1, block // vecs[l]) * vecs[l] if by_vectors else block
+    for k in range(ns):
+      begin = offsets[l, k] * r
+      end = offsets[l, k + 1] * r
+      pos = begin
+      while pos < end:
+        it_leaf[c] = l
+        it_sys[c] = k
+        it_start[c] = pos
+        it_len[c] = min(step, end - pos)
+        pos += step
+        c += 1
+  return it_leaf, it_sys, it_start, it_len
+
+
+@njit(**_JIT)
+def _combine_sum(it_sys, part, num_systems):
+  """Per-system left fold of the item sums, in item order (leaf, then block order)."""
+  tot = np.zeros(num_systems)
+  for it in range(it_sys.size):
+    tot[it_sys[it]] += part[it]
+  return tot
+
+
+@njit(**_JIT)
+def _combine_dd(it_sys, hi, lo, num_systems):
+  tot_hi = np.zeros(num_systems)
+  tot_lo = np.zeros(num_systems)
+  for it in range(it_sys.size):
+    k = it_sys[it]
+    tot_hi[k], tot_lo[k] = _dd_add(tot_hi[k], tot_lo[k], hi[it], lo[it])
+  return tot_hi, tot_lo
+
+
+@njit(**_JIT)
+def _combine_flags(it_sys, flags, num_systems):
+  out = np.zeros(num_systems, dtype=np.int8)
+  for it in range(it_sys.size):
+    out[it_sys[it]] |= flags[it]
+  return out
+
+
+@njit(**_JIT)
+def _combine_extreme(it_sys, part, num_systems, want_min):
+  out = np.full(num_systems, np.inf if want_min else 0.0)
+  for it in range(it_sys.size):
+    k = it_sys[it]
+    out[k] = min(out[k], part[it]) if want_min else max(out[k], part[it])
+  return out
+
+
+@njit(**_JIT)
+def _combine_step(it_sys, ks, his, los, num_systems):
+  out_k = np.zeros(num_systems, dtype=np.int64)
+  out_hi = np.zeros(num_systems)
+  out_lo = np.zeros(num_systems)
+  for it in range(it_sys.size):
+    j = it_sys[it]
+    k, hi, lo = ks[it], his[it], los[it]
+    if hi == 0.0:
+      continue
+    if out_hi[j] == 0.0 or k > out_k[j] or (k == out_k[j] and (hi > out_hi[j] or (
+        hi == out_hi[j] and lo > out_lo[j]))):
+      out_k[j], out_hi[j], out_lo[j] = k, hi, lo
+  return out_k, out_hi, out_lo
+
+
+@njit(**_JIT)
+def _count_per_system(it_sys, it_len, num_systems):
+  out = np.zeros(num_systems, dtype=np.int64)
+  for it in range(it_sys.size):
+    out[it_sys[it]] += it_len[it]
+  return out
+
+
+# ----------------------------------------------------------------------------- thread pool
+# Serial nogil kernels on a small pool of Python threads, rather than numba's prange: an
+# OpenMP barrier on a busy 2-core machine was measured to stall for ~36 ms per parallel
+# region (median), against ~0.1 ms for a pool hand-off. Work below _PARALLEL_MIN elements
+# runs in the calling thread.
+_WORKERS = max(1, min(os.cpu_count() or 1, 8))
+_PARALLEL_MIN = 1 << 18
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+  if not _POOL:
+    _POOL.append(ThreadPoolExecutor(max_workers=_WORKERS - 1, thread_name_prefix="clipbench"))
+  return _POOL[0]
+
+
+def _parallel(kernel, weights: np.ndarray, *args) -> None:
+  """kernel(i0, i1, *args) over [0, len(weights)), split into ranges of equal total weight."""
+  n = int(weights.size)
+  if n == 0:
+    return
+  cum = np.cumsum(weights)
+  total = int(cum[-1])
+  parts = min(_WORKERS, n)
+  if parts == 1 or total < _PARALLEL_MIN:
+    kernel(0, n, *args)
+    return
+  cuts = np.searchsorted(cum, total * np.arange(1, parts) / parts, side="right")
+  bounds = np.concatenate([[0], cuts, [n]]).astype(np.int64)
+  futures = [_pool().submit(kernel, int(bounds[i]), int(bounds[i + 1]), *args)
+             for i in range(1, parts) if bounds[i + 1] > bounds[i]]
+  if bounds[1] > 0:
+    kernel(0, int(bounds[1]), *args)
+  for f in futures:
+    f.result()
+
+
+# ------------------------------------------------------------------------------- host side
+_ITEMSIZE = np.array([2, 2, 4, 8], dtype=np.int64)
+_DTYPES = (np.dtype(np.float16), _BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+_CODE_OF = {dt: code for code, dt in enumerate(_DTYPES)}
+# Leaves up to this many elements are packed (one C-level concatenate per dtype) instead of
+# being read through their own pointers: per-leaf Python work dominates many small leaves.
+_PACK_MAX = 1 << 14
+
+
+class _BufferPool:
+  """Recycles large output buffers once no output view of them is alive.
+
+  A fresh multi-megabyte buffer costs the kernel a page fault and a zero fill per page, about
+  one more pass over the data (measured: np.copy into new memory takes 1.7-2x np.copyto). A
+  buffer handed out earlier is reused only when its reference count shows that nothing but
+  this pool holds it, so a returned leaf never shares memory with another live result; it
+  behaves like any allocator's free list (torch's caching allocator works the same way).
+  ``release_buffers()`` empties it.
+  """
+
+  MIN_BYTES = 1 << 20
+  MAX_FREE_PER_SIZE = 2
+  MAX_BYTES = 1 << 31
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._buffers: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
+
+  def empty(self, n: int, dtype: np.dtype) -> np.ndarray:
+    if n * dtype.itemsize < self.MIN_BYTES:
+      return np.empty(n, dtype=dtype)
+    key = (dtype, n)
+    with self._lock:
+      entries = self._buffers.setdefault(key, [])
+      # Held by the list and by getrefcount's argument only: every view of it is gone.
+      free = [i for i in range(len(entries)) if sys.getrefcount(entries[i]) == 2]
+      if free:
+        return entries[free[0]]
+      buf = np.empty(n, dtype=dtype)
+      if self._total() + buf.nbytes <= self.MAX_BYTES:
+        entries.append(buf)
+      return buf
+
+  def _total(self) -> int:
+    # Entries whose views are all gone beyond MAX_FREE_PER_SIZE per size are dropped first.
+    for entries in self._buffers.values():
+      free = [i for i in range(len(entries)) if sys.getrefcount(entries[i]) == 2]
+      for i in reversed(free[self.MAX_FREE_PER_SIZE:]):
+        del entries[i]
+    return sum(b.nbytes for v in self._buffers.values() for b in v)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._buffers.clear()
+
+
+_BUFFERS = _BufferPool()
+
+
+def release_buffers() -> None:
+  """Drops the recycled output buffers (memory of live results is unaffected)."""
+  _BUFFERS.clear()
+
+
+def _address(x: np.ndarray) -> int:
+  return x.__array_interface__["data"][0]
+
+
+class _Prepared:
+  """Leaves as kernels see them: pointers, codes, sizes, and the runs of every system.
+
+  Outputs live in one new buffer per dtype; each output leaf is a view of it.
+  """
+
+  def __init__(self, leaves: list[np.ndarray], segs: list[np.ndarray] | None,
+               sorted_flags: list[bool] | None, num_systems: int):
+    self.leaves = leaves
+    nl = len(leaves)
+    self.shapes = [x.shape for x in leaves]
+    self.codes = np.array([_CODE_OF[x.dtype] for x in leaves], dtype=np.int8)
+    self.sizes = np.array([x.size for x in leaves], dtype=np.int64)
+    self.num_systems = num_systems
+    self.rows = np.array([s[0] if s else 1 for s in self.shapes], dtype=np.int64)
+    self.rowsizes = np.where(self.rows > 0, self.sizes // np.maximum(self.rows, 1), 0)
+    self.vecs = np.array([s[-1] if len(s) >= 2 else 1 for s in self.shapes], dtype=np.int64)
+    self.vecs = np.maximum(self.vecs, 1)
+    # Input addresses: small leaves packed per dtype, large ones read in place.
+    self.addrs = np.zeros(nl, dtype=np.int64)
+    self._keep_alive = []
+    small = self.sizes <= _PACK_MAX
+    for code in range(4):
+      idx = np.flatnonzero((self.codes == code) & small)
+      if idx.size > 1:
+        packed = np.concatenate([leaves[i] for i in idx.tolist()], axis=None)
+        self._keep_alive.append(packed)
+        starts = np.concatenate([[0], np.cumsum(self.sizes[idx])[:-1]])
+        self.addrs[idx] = _address(packed) + starts * _ITEMSIZE[code]
+      elif idx.size == 1:
+        small[idx] = False
+    for i in np.flatnonzero(~small).tolist():
+      if not leaves[i].flags.c_contiguous:
+        # np.ascontiguousarray would turn a 0-d leaf into shape (1,).
+        self.leaves[i] = leaves[i] = leaves[i].copy(order="C")
+      self.addrs[i] = _address(leaves[i])
+    # Unsorted segments: rows gathered into system order (a copy) for the norm pass only.
+    self.gathered: list[np.ndarray | None] = [None] * nl
+    self.row_segs: list[np.ndarray | None] = [None] * nl
+    offsets = np.zeros((nl, num_systems + 1), dtype=np.int64)
+    if segs is None:
+      offsets[:, 1:] = self.rows[:, None]
+    else:
+      for i, x in enumerate(self.leaves):
+        seg = segs[i]
+        if seg.size == 0:
+          continue
+        if sorted_flags[i]:
+          offsets[i] = np.searchsorted(seg, np.arange(num_systems + 1), side="left")
+        else:
+          order, offsets[i] = _counting_order(seg, num_systems)
+          self.gathered[i] = np.ascontiguousarray(x[order])
+          self.row_segs[i] = seg
+    self.offsets = offsets
+    self.norm_addrs = self.addrs.copy()
+    for i, g in enumerate(self.gathered):
+      if g is not None:
+        self.norm_addrs[i] = _address(g)
+
+  def items(self, by_vectors: bool):
+    if not self.leaves:
+      z = np.zeros(0, dtype=np.int64)
+      return z.astype(np.int32), z.astype(np.int32), z, z
+    return _build_items(self.offsets, self.rowsizes, self.vecs, BLOCK, by_vectors)
+
+  def new_outputs(self) -> tuple[list[np.ndarray], np.ndarray]:
+    """Fresh output leaves (views of one buffer per dtype) and their data addresses."""
+    nl = len(self.leaves)
+    outs: list[Any] = [None] * nl
+    out_addrs = np.zeros(nl, dtype=np.int64)
+    for code in range(4):
+      idx = np.flatnonzero(self.codes == code)
+      if not idx.size:
+        continue
+      sizes = self.sizes[idx]
+      buf = _BUFFERS.empty(int(sizes.sum()), _DTYPES[code])
+      starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+      out_addrs[idx] = _address(buf) + starts * _ITEMSIZE[code]
+      _split_views(buf, idx.tolist(), starts.tolist(), sizes.tolist(), self.shapes, outs)
+    return outs, out_addrs
+
+  def system_values(self, k: int) -> list[np.ndarray]:
+    """The elements of system k, one float64 array per leaf (for the exact fallback)."""
+    out = []
+    for i, x in enumerate(self.leaves):
+      src = self.gathered[i] if self.gathered[i] is not None else x
+      lo, hi = self.offsets[i, k], self.offsets[i, k + 1]
+      flat = src.reshape(int(self.rows[i]), int(self.rowsizes[i]))
+      out.append(flat[lo:hi].astype(np.float64))
+    return out
+
+  def system_vectors(self, k: int) -> list[np.ndarray]:
+    out = []
+    for block, d in zip(self.system_values(k), self.vecs):
+      out.append(block.reshape(-1, int(d)))
+    return out
+
+
+def _split_views(buf, idx, starts, sizes, shapes, outs) -> None:
+  """outs[i] = buf[start:start+size].reshape(shape); a run of equal shapes is cut at C speed."""
+  j = 0
+  n = len(idx)
+  while j < n:
+    shape = shapes[idx[j]]
+    k = j + 1
+    while k < n and shapes[idx[k]] == shape and starts[k] == starts[k - 1] + sizes[k - 1]:
+      k += 1
+    if k - j > 1 and len(shape) >= 1:
+      block = buf[starts[j]:starts[j] + sizes[j] * (k - j)].reshape((k - j,) + shape)
+      for i, view in zip(idx[j:k], block):
+        outs[i] = view
+    else:
+      for t in range(j, k):
+        outs[idx[t]] = buf[starts[t]:starts[t] + sizes[t]].reshape(shapes[idx[t]])
+    j = k
+
+
+def _extreme(prep: _Prepared, it_leaf, it_start, it_len, want_min: bool, zero_mode: bool):
+  part = np.empty(it_leaf.size)
+  flags = np.zeros(it_leaf.size, dtype=np.int8)
+  _parallel(_extreme_items, it_len, part, flags, prep.norm_addrs, prep.sizes, prep.codes,
+            it_leaf, it_start, it_len, _F16_TABLE, want_min, zero_mode)
+  return part, flags
+
+
+def _scan_segments(seg: np.ndarray) -> tuple[int, int, bool]:
+  """(min, max, sorted) of an id array, in parallel chunks."""
+  nchunks = 64 if seg.size >= 4096 else 1
+  mins = np.empty(nchunks, dtype=np.int64)
+  maxs = np.empty(nchunks, dtype=np.int64)
+  ok = np.empty(nchunks, dtype=np.bool_)
+  _parallel(_scan_chunk, np.full(nchunks, max(1, seg.size // nchunks)), seg, mins, maxs, ok,
+            nchunks)
+  return int(mins.min()), int(maxs.max()), bool(ok.all())
+
+
+def _kind(p: float) -> tuple[int, int]:
+  if p == 1.0:
+    return _KIND_ABS, 1
+  if p == 2.0:
+    return _KIND_SQ, 2
+  if float(p).is_integer() and p <= 64:
+    return _KIND_INT, int(p)
+  return _KIND_POW, 0
+
+
+def _term_rel_err(p: float, kind: int) -> float:
+  if kind in (_KIND_ABS, _KIND_SQ):
+    return 0.0
+  if kind == _KIND_INT:
+    return (p - 1.0) * 1.01 * numerics.U64  # the first product is exact; p - 2 roundings
+  return numerics.POW_REL_ERR
+
+
+def _global_stats(prep: _Prepared, p: float, zero_mode: bool, f64_mode: bool):
+  """Per-system finalize inputs for the p-norm (rule 1)."""
+  s = prep.num_systems
+  it_leaf, it_sys, it_start, it_len = prep.items(False)
+  count = _count_per_system(it_sys, it_len, s)
+  table = _F16_TABLE
+  if math.isinf(p):
+    part, flags = _extreme(prep, it_leaf, it_start, it_len, p < 0, zero_mode)
+    mx = _combine_extreme(it_sys, part, s, p < 0)
+    mx = np.where(count == 0, 0.0, mx)
+    flags = _combine_flags(it_sys, flags, s)
+    sc_m, sc_e = np.frexp(np.where(mx > 0, mx, 1.0))
+    return dict(s_hi=np.ones(s), s_lo=np.zeros(s), sc_m=sc_m, sc_e=sc_e, rel_err=np.zeros(s),
+                zero=mx == 0, flags=flags)
+  kind, ip = _kind(p)
+  if not f64_mode and p <= 6.0:
+    part = np.empty(it_leaf.size)
+    flags = np.zeros(it_leaf.size, dtype=np.int8)
+    kernel = _POWER_SUM[(kind, ip) if kind == _KIND_INT else kind]
+    _parallel(kernel, it_len, part, flags, prep.norm_addrs, prep.sizes, prep.codes,
+              it_leaf, it_start, it_len, table, ip, p, zero_mode)
+    tot = _combine_sum(it_sys, part, s)
+    flags = _combine_flags(it_sys, flags, s)
+    rel = numerics.sum_rel_err(count, _term_rel_err(p, kind))
+    return dict(s_hi=tot, s_lo=np.zeros(s), sc_m=np.full(s, 0.5), sc_e=np.ones(s, np.int32),
+                rel_err=rel, zero=tot == 0, flags=flags)
+  # Scaled double-double sums: max |x| first, then (|x| / 2**K)**p with max in [0.5, 1).
+  part, flags = _extreme(prep, it_leaf, it_start, it_len, False, zero_mode)
+  mx = _combine_extreme(it_sys, part, s, False)
+  flags = _combine_flags(it_sys, flags, s)
+  zero = mx == 0
+  divide = p > 512.0  # (1/2)**p would underflow: scale by the max itself (max term = 1)
+  if divide:
+    inv = np.where(zero, 1.0, mx)
+    inv2 = np.ones_like(inv)
+    sc_m, sc_e = np.frexp(inv)
+    term_err = numerics.DD_POW_REL_ERR + 2.0 ** -400
+  else:
+    k = np.frexp(np.where(zero, 1.0, mx))[1].astype(np.int64)
+    sc_m, sc_e = np.full(s, 0.5), (k + 1).astype(np.int32)  # scale 2**k
+    inv = np.ldexp(1.0, np.minimum(-k, 1000).astype(np.int32))
+    inv2 = np.ldexp(1.0, np.maximum(-k - 1000, 0).astype(np.int32))
+    term_err = 0.0 if kind in (_KIND_ABS, _KIND_SQ) else (
+        2.0 ** -100 * p if kind == _KIND_INT else numerics.DD_POW_REL_ERR) + 2.0 ** -400
+  hi = np.empty(it_leaf.size)
+  lo = np.empty(it_leaf.size)
+  _parallel(_scaled_sum_items, it_len, hi, lo, prep.norm_addrs, prep.sizes, prep.codes,
+            it_leaf, it_sys, it_start, it_len, table, inv, inv2, divide, kind, ip, p)
+  tot_hi, tot_lo = _combine_dd(it_sys, hi, lo, s)
+  rel = numerics.sum_rel_err(count, term_err, dd=True)
+  return dict(s_hi=tot_hi, s_lo=tot_lo, sc_m=sc_m, sc_e=sc_e, rel_err=rel, zero=zero,
+              flags=flags)
+
+
+def _step_stats(prep: _Prepared, zero_mode: bool, f64_mode: bool):
+  """Per-system finalize inputs for the step norm (rule 2): the largest vector's squares."""
+  s = prep.num_systems
+  it_leaf, it_sys, it_start, it_len = prep.items(True)
+  m = it_leaf.size
+  ks, his, los = np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(m)
+  flags = np.zeros(m, dtype=np.int8)
+  _parallel(_step_items, it_len, ks, his, los, flags, prep.norm_addrs, prep.sizes, prep.codes,
+            prep.vecs, it_leaf, it_start, it_len, _F16_TABLE, zero_mode, f64_mode)
+  k, hi, lo = _combine_step(it_sys, ks, his, los, s)
+  flags = _combine_flags(it_sys, flags, s)
+  d = float(prep.vecs.max()) if prep.vecs.size else 1.0
+  rel = numerics.sum_rel_err(np.full(s, d), 0.0, dd=f64_mode)
+  return dict(s_hi=hi, s_lo=lo, sc_m=np.full(s, 0.5), sc_e=(k + 1).astype(np.int32),
+              rel_err=rel, zero=hi == 0, flags=flags)
+
+
+def _run(leaves, threshold, segs, sorted_flags, num_systems, p, nonfinite, step):
+  prep = _Prepared(leaves, segs, sorted_flags, num_systems)
+  f64_mode = bool(np.any(prep.codes == _F64))
+  zero_mode = nonfinite == "zero"
+  st = _step_stats(prep, zero_mode, f64_mode) if step else _global_stats(
+      prep, p, zero_mode, f64_mode)
+  flags = st["flags"]
+  nan = (flags & 1) != 0
+  inf = ((flags & 2) != 0) & ~nan
+  if zero_mode:
+    zero_sys = flags != 0
+    nan = inf = np.zeros_like(nan)
+  else:
+    zero_sys = np.zeros(num_systems, dtype=np.bool_)
+  c = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (num_systems,))
+  c_m, c_e, c_inf = numerics.exact_frexp(c)
+  sc_m, sc_e = st["sc_m"], st["sc_e"]
+  with np.errstate(all="ignore"):
+    norm_v, action, s_m, s_e, tie = numerics.finalize(
+        np, s_hi=st["s_hi"], s_lo=st["s_lo"], sc_m=sc_m, sc_e=sc_e.astype(np.int32),
+        rel_err=st["rel_err"], zero=st["zero"], nan=nan, inf=inf, c_m=c_m, c_e=c_e,
+        c_inf=c_inf, p=2.0 if step else p, precise=f64_mode)
+  for k in np.flatnonzero(tie).tolist():
+    c_k = Fraction(float(c[k]))
+    if step:
+      signs = [numerics.exact_step_compare(*numerics.magnitudes_of(v), c_k)
+               for v in prep.system_vectors(k) if v.size]
+      cmp = max(signs, default=-1)
+    else:
+      parts = [numerics.magnitudes_of(v.ravel()) for v in prep.system_values(k)]
+      m = np.concatenate([pm for pm, _ in parts]) if parts else np.zeros(0, np.int64)
+      e = np.concatenate([pe_ for _, pe_ in parts]) if parts else np.zeros(0, np.int64)
+      cmp = numerics.exact_compare(m, e, p, c_k)
+    if cmp <= 0:
+      action[k] = numerics.KEEP
+  norm_dtype = np.float64 if f64_mode else np.float32
+  norms = numerics.compose_norm(norm_v, sc_e, st["zero"], nan, inf, norm_dtype)
+  with np.errstate(all="ignore"):
+    s_val = np.ldexp(s_m, s_e)
+  outs = _apply(prep, action, s_m, s_e, s_val, zero_sys, f64_mode)
+  return outs, norms
+
+
+def _apply(prep: _Prepared, action, s_m, s_e, s_val, zero_sys, precise) -> list[np.ndarray]:
+  outs, out_addrs = prep.new_outputs()
+  if not outs:
+    return outs
+  s_e64 = s_e.astype(np.int64)
+  unsorted = [i for i, g in enumerate(prep.gathered) if g is not None]
+  if len(unsorted) < len(outs):
+    it_leaf, it_sys, it_start, it_len = prep.items(False)
+    keep = np.ones(it_leaf.size, dtype=np.bool_)
+    for i in unsorted:
+      keep &= it_leaf != i
+    if unsorted:
+      it_leaf, it_sys, it_start, it_len = (it_leaf[keep], it_sys[keep], it_start[keep],
+                                           it_len[keep])
+    _parallel(_apply_items, it_len, prep.addrs, out_addrs, prep.sizes, prep.codes, it_leaf,
+              it_sys, it_start, it_len, _F16_TABLE, action, s_m, s_e64, s_val, zero_sys,
+              precise)
+  for i in unsorted:
+    rows = prep.row_segs[i].size
+    _parallel(_apply_rows, np.full(rows, prep.rowsizes[i]), prep.addrs[i], out_addrs[i],
+              prep.sizes[i], prep.codes[i], prep.rowsizes[i], prep.row_segs[i], _F16_TABLE,
+              action, s_m, s_e64, s_val, zero_sys, precise)
+  return outs
+
+
+# ------------------------------------------------------------------------------- public API
+def _validate(leaves, segments, num_systems, per_system: bool):
+  """Rules 9 and 13 before any work: leaves, then segments (range and sortedness scanned
+  once, in parallel). Returns (leaves, segments or None, num_systems, sorted flags)."""
+  if isinstance(leaves, (list, tuple)):
+    leaves = [np.asarray(x) if isinstance(x, np.generic) else x for x in leaves]
+  leaves = numerics.check_leaves(leaves, lambda a: isinstance(a, np.ndarray))
+  if not per_system:
+    return leaves, None, 1, None
+  count = numerics.check_num_systems(segments, num_systems, len(leaves))
+  if count is None:
+    return leaves, None, 1, None
+  segs, flags = [], []
+  for i, (leaf, seg) in enumerate(zip(leaves, segments)):
+    seg = np.asarray(seg)
+    numerics.check_segment(i, leaf.shape, seg.shape, seg.dtype)
+    is_sorted = True
+    if seg.size:
+      seg = np.ascontiguousarray(seg)
+      lo, hi, is_sorted = _scan_segments(seg)
+      numerics.check_segment_range(i, int(lo), int(hi), count, seg if (
+          lo < 0 or hi >= count) else None)
+    segs.append(seg)
+    flags.append(bool(is_sorted))
+  return leaves, segs, count, flags
+
+
+def clip_by_global_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, segments: Any = None,
+                        num_systems: Any = None, norm_type: Any = 2.0,
+                        nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
+  """Per-system p-norm clipping (numpy in, numpy out); see the module docstring."""
+  leaves, segs, count, srt = _validate(leaves, segments, num_systems, True)
+  threshold = numerics.check_threshold(max_norm, "max_norm", count)
+  p = numerics.check_norm_type(norm_type)
+  nonfinite = numerics.check_nonfinite(nonfinite)
+  return _run(leaves, threshold, segs, srt, count, p, nonfinite, False)
+
+
+def clip_by_max_step(leaves: Sequence[np.ndarray], max_step: Any, *, segments: Any = None,
+                     num_systems: Any = None,
+                     nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
+  """Per-system max-step clipping: the largest last-axis vector norm is at most max_step."""
+  leaves, segs, count, srt = _validate(leaves, segments, num_systems, True)
+  threshold = numerics.check_threshold(max_step, "max_step", count)
+  nonfinite = numerics.check_nonfinite(nonfinite)
+  return _run(leaves, threshold, segs, srt, count, 2.0, nonfinite, True)
+
+
+def clip_grad_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, norm_type: Any = 2.0,
+                   nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
+  """Global p-norm clipping of all leaves together; returns the leaves and the 0-d norm."""
+  leaves, _, _, _ = _validate(leaves, None, None, False)
+  threshold = numerics.check_threshold(max_norm, "max_norm", None)
+  p = numerics.check_norm_type(norm_type)
+  nonfinite = numerics.check_nonfinite(nonfinite)
+  outs, norms = _run(leaves, threshold, None, None, 1, p, nonfinite, False)
+  return outs, norms.reshape(())
+
+
+class _Implementation:
+  """The registry object (``clipbench.impls.own.numba_kernels:implementation``)."""
+
+  framework = framework
+  version = version
+  description = description
+  capabilities = capabilities
+  clip_by_global_norm = staticmethod(clip_by_global_norm)
+  clip_by_max_step = staticmethod(clip_by_max_step)
+  clip_grad_norm = staticmethod(clip_grad_norm)
+
+
+implementation = _Implementation()
