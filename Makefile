@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 venv: $(VENV)/.installed
 
+# TRITON_INTERPRET=1: the Triton kernels run through the whole suite on the CPU (no GPU here).
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 report: $(VENV)/.installed
 	$(BIN)/clipbench report $(REPORT_ARGS)
