@@ -17,8 +17,8 @@ import functools
 
 import pytest
 
-from clipbench.benchmarks import bandwidth, cases, workloads
-from clipbench.impls import calling, registry
+from clipbench.benchmarks import bandwidth, cases, grid, workloads
+from clipbench.impls import registry
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -79,9 +79,15 @@ def test_clip(benchmark, case: tuple[str, str, str, str], bench_scale: float,
   reason = cases.skip_reason(impl, workload, dtype, device)
   if reason:
     pytest.skip(reason)
+  slow = grid.entry(impl_name)
+  for slow_workload, why in (slow.slow if slow is not None else ()):
+    if slow_workload == workload_name and not grid.run_slow():
+      pytest.skip(f"{impl_name} on {workload_name} takes minutes to set up: {why}; "
+                  f"{grid.SLOW_ENV}=1 runs it")
   inputs = _inputs(workload_name, bench_scale, dtype)
   prepared = cases.prepare(impl, workload, inputs, device)
-  calling.run(impl, prepared)  # warm-up: jit compilation and first-touch allocations, untimed
+  run = cases.timed_runner(impl, prepared)
+  run(prepared)  # warm-up: jit compilation and first-touch allocations, untimed
   bw = request.getfixturevalue("copy_bandwidth")
   nbytes = workloads.bytes_moved(inputs)
   benchmark.group = workload_name
@@ -92,10 +98,9 @@ def test_clip(benchmark, case: tuple[str, str, str, str], bench_scale: float,
       roofline_seconds=bandwidth.roofline_seconds(nbytes, bw))
   if impl.capabilities.in_place:
     # Each round clips a fresh conversion of the inputs (untimed), never already-clipped data.
-    one_call = cases.median_call_seconds(lambda: calling.run(impl, prepared), min_calls=1,
-                                         max_calls=1)
-    benchmark.pedantic(lambda p: calling.run(impl, p),
+    one_call = cases.median_call_seconds(lambda: run(prepared), min_calls=1, max_calls=1)
+    benchmark.pedantic(run,
                        setup=lambda: ((cases.prepare(impl, workload, inputs, device),), {}),
                        rounds=_pedantic_rounds(one_call), iterations=1)
   else:
-    benchmark(calling.run, impl, prepared)
+    benchmark(run, prepared)

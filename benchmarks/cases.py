@@ -8,6 +8,15 @@ turns it into its own skip.
 Global workloads use ``clip_grad_norm``; an implementation that only provides
 ``clip_by_global_norm`` runs them through it with ``segments=None``, which is the same
 computation (one system) under the canonical API.
+
+A JAX implementation that declares ``jit`` is timed under ``jax.jit`` (``timed_runner``), as
+its users call it inside a jitted step: the threshold, segments and options are constants of
+the compiled function, the leaves its arguments. Called eagerly, optax and the other JAX
+libraries dispatch (and compile) one small XLA program per operation and leaf shape, which
+would time JAX's dispatcher rather than the clipping (about 110 s for optax's first W1 call).
+Past ``JIT_MAX_LEAVES`` leaves they run eagerly: XLA's compile time grows faster than linearly
+with the number of leaves (W4's 10,000 leaves did not compile within 8 minutes), while eager
+dispatch compiles each operation once per leaf shape (W4's leaves share one shape).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from clipbench.impls import calling
 from clipbench.impls.registry import BUILTIN, Implementation, load
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
+JIT_MAX_LEAVES = 1000
 
 
 def timed_impl_names() -> tuple[str, ...]:
@@ -88,6 +98,10 @@ def skip_reason(impl: Implementation, workload: workloads.Workload, dtype: str,
   op = resolve_op(impl, workload)
   if op is None:
     return f"{impl.name} does not provide {workload.op}"
+  if impl.kind == "baseline" and not workload.per_system:
+    # The plain segment_sum code is the bar of the per-system workloads (W2/W3) only; jitted
+    # over W4's 10,000 leaves it takes minutes of XLA compile time.
+    return f"{impl.name} is the baseline of the per-system workloads only"
   caps = impl.capabilities
   if workload.per_system and not caps.per_system:
     return f"{impl.name} has no per-system (segments) support"
@@ -121,6 +135,26 @@ def prepare(impl: Implementation, workload: workloads.Workload, inputs: workload
   return calling.prepare(impl, op, inputs.leaves, inputs.threshold, segments=inputs.segments,
                          num_systems=inputs.num_systems, norm_type=inputs.norm_type,
                          device=device)
+
+
+def timed_runner(impl: Implementation,
+                 prepared: calling.Prepared) -> Callable[[calling.Prepared], object]:
+  """The call that is timed: ``runner(prepared)`` runs the case and waits for its result.
+
+  JAX implementations declaring ``jit`` run under ``jax.jit`` (up to ``JIT_MAX_LEAVES``
+  leaves) with the threshold and keyword arguments of ``prepared`` baked in, so the runner only accepts preparations of the same case;
+  every other implementation runs through ``calling.run``.
+  """
+  # Our own JAX implementation jits its core itself, after validating concrete inputs on the
+  # host; under an outer jit it would take its traced path instead (x64 off, no host checks).
+  if (impl.framework != "jax" or impl.kind == "own" or
+      "jit" not in impl.capabilities.transforms or len(prepared.leaves) > JIT_MAX_LEAVES):
+    return lambda p: calling.run(impl, p)
+  import jax
+  function = impl.function(prepared.op)
+  threshold, kwargs = prepared.threshold, dict(prepared.kwargs)
+  jitted = jax.jit(lambda leaves: function(leaves, threshold, **kwargs))
+  return lambda p: jax.block_until_ready(jitted(p.leaves))
 
 
 def median_call_seconds(call: Callable[[], object], reset: Callable[[], None] | None = None, *,

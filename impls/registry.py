@@ -29,7 +29,7 @@ class Entry:
   name: str
   target: str  # "package.module:attr"
   library: str  # distribution whose version is reported
-  kind: str  # "reference", "own", "library" or "outside"
+  kind: str  # "reference", "own", "library", "baseline" or "outside"
   description: str = ""
 
 
@@ -74,6 +74,9 @@ BUILTIN: tuple[Entry, ...] = (
           "declearn", "library", "declearn L2GlobalClipping on a NumpyVector"),
     Entry("declearn.L2GlobalClipping.torch", _A + "declearn_adapter:l2_global_clipping_torch",
           "declearn", "library", "declearn L2GlobalClipping on a TorchVector"),
+    # Plain code a user would write first: the speed bar of issue 4 on W2/W3.
+    Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
+          "baseline", "plain jax.ops.segment_sum / segment_max clipping under jax.jit"),
 )
 
 

@@ -23,7 +23,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-KIND_ORDER: tuple[str, ...] = ("reference", "own", "library", "outside")
+KIND_ORDER: tuple[str, ...] = ("reference", "own", "library", "baseline", "outside")
 DTYPE_ORDER: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
 STATUSES: tuple[str, ...] = ("pass", "deviation", "fail", "n/a")
 FAILING: frozenset[str] = frozenset({"fail", "error", "unexpected-pass"})

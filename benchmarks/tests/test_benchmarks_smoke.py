@@ -5,6 +5,7 @@ Fast (tiny scales) so the suite cannot rot unnoticed; full benchmark runs are no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -12,11 +13,14 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import types
+from typing import Any
 
 import numpy as np
 import pytest
 
-from clipbench.benchmarks import accuracy, bandwidth, bench_clipping, cases, roofline, workloads
+from clipbench.benchmarks import (accuracy, bandwidth, bench_clipping, cases, grid, roofline,
+                                  workloads)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = 0.001
@@ -127,14 +131,23 @@ def test_summarize(tmp_path: pathlib.Path) -> None:
   assert own["speedup_vs_best_library"] == pytest.approx(1.5)
 
 
-# Cases that compile quickly (W1 has 200 leaves: minutes of XLA compile for jitted JAX);
-# implementations not available yet are skipped.
+# One CPU case per family, quick to compile (W1's 200 leaves take seconds to minutes of XLA
+# compile under jax.jit); implementations not available here are skipped.
 ASV_CASES = [
-    ("torch.clip_grad_norm_", "W4-many-small"),
-    ("clipbench.numba", "W3-relax-large-max-step"),
-    ("clipbench.torch", "W2-relax-max-step"),
-    ("clipbench.jax", "W2-relax"),
+    ("global", "torch.clip_grad_norm_", "W4-many-small"),
+    ("pnorm", "torch.clip_grad_norm_.foreach", "W1-model-p3"),
+    ("max_step", "clipbench.numba", "W3-relax-large-max-step"),
+    ("max_step", "clipbench.torch", "W2-relax-max-step"),
+    ("per_system", "clipbench.jax", "W2-relax"),
+    ("per_system", "baseline.jax-segment-sum", "W3-relax-large"),
 ]
+
+_CPU_CLASSES = {
+    "global": (bench_clipping.GlobalCpu, bench_clipping.GlobalCpuTrack),
+    "pnorm": (bench_clipping.PNormCpu, bench_clipping.PNormCpuTrack),
+    "per_system": (bench_clipping.PerSystemCpu, bench_clipping.PerSystemCpuTrack),
+    "max_step": (bench_clipping.MaxStepCpu, bench_clipping.MaxStepCpuTrack),
+}
 
 
 def _setup_or_skip(instance, *args) -> None:
@@ -144,28 +157,233 @@ def _setup_or_skip(instance, *args) -> None:
     pytest.skip(str(e))
 
 
-@pytest.mark.parametrize("impl,workload", ASV_CASES)
-def test_asv_classes_run_once(impl: str, workload: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def tiny_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+  """What asv's setup_cache hands the benchmarks, at a tiny scale, in a scratch folder."""
   monkeypatch.setenv(bench_clipping.SCALE_ENV, str(TINY))
-  params = (impl, workload, "float32", "cpu")
-  clip = bench_clipping.Clip()
-  _setup_or_skip(clip, *params)
-  clip.time_clip(*params)
-  clip.peakmem_clip(*params)
+  # JAX opens its persistent cache once per process: keep the tests' programs out of ~/.cache.
+  monkeypatch.setenv(bench_clipping.JAX_CACHE_ENV, str(tmp_path / "jax-cache"))
+  # asv gives each grid point a fresh process; here the process caches must be emptied.
+  for cache in (bench_clipping._LOADED, bench_clipping._INPUTS, bench_clipping._RECORDED):
+    cache.clear()
   bw = bandwidth.measure_copy_bandwidth(nbytes=1 << 22, repeats=2)
-  ratio = bench_clipping.Roofline()
-  ratio.setup(bw, *params)
-  assert ratio.track_roofline_ratio(bw, *params) > 0
-  acc = bench_clipping.Accuracy()
-  _setup_or_skip(acc, *params)
-  assert acc.track_max_ulp_error(*params) >= 0
-  assert bench_clipping.Machine().track_bandwidth_gbs(bw) == pytest.approx(bw / 1e9)
+  return {"bandwidth_bytes": bw, "run_dir": str(tmp_path / "run")}
 
 
-def test_asv_skips_cuda_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("family,impl,workload", ASV_CASES)
+def test_asv_classes_run_once(family: str, impl: str, workload: str, tiny_run: dict,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+  speed_cls, track_cls = _CPU_CLASSES[family]
+  params = (impl, workload, "float32", "cpu")
+  assert all(p in values for p, values in zip(params, speed_cls.params))
+  speed = speed_cls()
+  _setup_or_skip(speed, tiny_run, *params)
+  speed.peakmem_clip(tiny_run, *params)
+  speed.teardown(tiny_run, *params)  # records the Track figures, as after asv's reading
+  speed.setup(tiny_run, *params)  # asv re-runs setup before each timed call
+  speed.time_clip(tiny_run, *params)
+  speed.teardown(tiny_run, *params)
+  figures = bench_clipping.read_figures(tiny_run, *params)
+  assert figures is not None and figures["median_seconds"] > 0 and figures["bytes_moved"] > 0
+  assert figures["max_ulp_error"] >= 0
+
+  # The Track processes read the recorded figures without loading the implementation.
+  track = track_cls()
+  with monkeypatch.context() as m:
+    m.setattr(bench_clipping, "load", None)
+    m.setattr(bench_clipping, "_load_or_skip", None)
+    track.setup(tiny_run, *params)
+    ratio = track.track_roofline_ratio(tiny_run, *params)
+    ulp = track.track_max_ulp_error(tiny_run, *params)
+  assert ratio == pytest.approx(bandwidth.roofline_ratio(
+      figures["median_seconds"], figures["bytes_moved"], tiny_run["bandwidth_bytes"]))
+  assert ulp == figures["max_ulp_error"]
+
+  # Without recorded figures (no run folder) they measure by themselves, the same way.
+  alone = {"bandwidth_bytes": tiny_run["bandwidth_bytes"], "run_dir": None}
+  track = track_cls()
+  track.setup(alone, *params)
+  assert track.track_roofline_ratio(alone, *params) > 0
+  assert track.track_max_ulp_error(alone, *params) == ulp  # fixed input: same bits
+  machine = bench_clipping.Machine()
+  assert machine.track_bandwidth_gbs(tiny_run) == pytest.approx(tiny_run["bandwidth_bytes"] / 1e9)
+
+
+def test_speed_and_track_skips_are_shared(tiny_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+  # A reason found by loading (here: a dtype the implementation does not declare) is recorded
+  # by the speed process, so the Track processes skip without loading anything.
+  params = ("torch.clip_grad_norm_", "W4-many-small", "float32", "cpu")
+  monkeypatch.setattr(cases, "load_case", lambda *a: (None, None, "not declared here"))
+  with pytest.raises(NotImplementedError, match="not declared here"):
+    bench_clipping.GlobalCpu().setup(tiny_run, *params)
+  monkeypatch.setattr(cases, "load_case", None)
+  with pytest.raises(NotImplementedError, match="not declared here"):
+    bench_clipping.GlobalCpuTrack().setup(tiny_run, *params)
+
+
+def test_asv_skips_cuda_without_gpu(tiny_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
   monkeypatch.setattr(cases, "cuda_device_node_present", lambda: False)
-  with pytest.raises(NotImplementedError, match="CUDA"):
-    bench_clipping.Clip().setup("torch.clip_grad_norm_", "W1-model", "float32", "cuda")
+  monkeypatch.setattr(cases, "load_case", None)  # decided without loading anything
+  params = ("torch.clip_grad_norm_", "W1-model", "float32", "cuda")
+  for cls in (bench_clipping.GlobalCuda, bench_clipping.GlobalCudaTrack):
+    with pytest.raises(NotImplementedError, match="CUDA"):
+      cls().setup(tiny_run, *params)
+
+
+def test_static_skips(tiny_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setattr(cases, "load_case", None)  # every reason here is decided statically
+  monkeypatch.delenv("JAX_ENABLE_X64", raising=False)
+  monkeypatch.delenv(grid.SLOW_ENV, raising=False)
+  with pytest.raises(NotImplementedError, match="JAX_ENABLE_X64"):
+    bench_clipping.GlobalCpu().setup(
+        tiny_run, "optax.clip_by_global_norm", "W1-model", "float64", "cpu")
+  with pytest.raises(NotImplementedError, match=grid.SLOW_ENV):
+    bench_clipping.GlobalCpuTrack().setup(
+        tiny_run, "kups.ClipByGlobalNorm", "W4-many-small", "float32", "cpu")
+  monkeypatch.setenv(grid.SLOW_ENV, "1")
+  monkeypatch.setenv("JAX_ENABLE_X64", "true")
+  assert grid.static_skip_reason("kups.ClipByGlobalNorm", "W4-many-small", "float64",
+                                 "cpu") is None
+  assert "cuda" in grid.static_skip_reason("clipbench.numba", "W2-relax", "float32", "cuda")
+
+
+def test_grid_env_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.delenv(grid.DTYPES_ENV, raising=False)
+  assert grid.dtypes() == ("float32",)
+  monkeypatch.setenv(grid.DTYPES_ENV, "all")
+  assert grid.dtypes() == workloads.DTYPES
+  monkeypatch.setenv(grid.DTYPES_ENV, "float64, float32")
+  assert grid.dtypes() == ("float32", "float64")
+  assert grid.params("max_step", "cpu")[2] == ["float32", "float64"]
+  monkeypatch.setenv(grid.DTYPES_ENV, "int8")
+  with pytest.raises(ValueError, match=grid.DTYPES_ENV):
+    grid.dtypes()
+  monkeypatch.setenv(grid.SLOW_ENV, "maybe")
+  with pytest.raises(ValueError, match=grid.SLOW_ENV):
+    grid.run_slow()
+  for text, value in (("1", True), ("Yes", True), ("0", False), ("false", False)):
+    monkeypatch.setenv("JAX_ENABLE_X64", text)
+    assert grid.jax_x64_from_env() is value
+
+
+def test_grid_matches_workloads_and_registry() -> None:
+  assert grid.ALL_DTYPES == workloads.DTYPES and grid.DEVICES == cases.DEVICES
+  in_families = [w for f in grid.FAMILIES for w in f.workloads]
+  assert sorted(in_families) == sorted(workloads.NAMES)  # each workload in exactly one family
+  assert sorted(e.name for e in grid.IMPLS) == sorted(cases.timed_impl_names())
+  for speed, track in zip(bench_clipping.SPEED_CLASSES, bench_clipping.TRACK_CLASSES):
+    assert track.__name__ == speed.__name__ + "Track" and track.params == speed.params
+    impls, names, dtypes, devices = speed.params
+    assert impls and names and dtypes == list(grid.dtypes()) and len(devices) == 1
+    fam = grid.family_of(names[0])
+    assert all(grid.family_of(w) == fam for w in names)
+    for impl in impls:  # no dead points: the table says each one can run on some machine
+      entry = grid.entry(impl)
+      assert fam in entry.families and devices[0] in entry.devices
+
+
+def _declared(name: str) -> Any:
+  """The loaded implementation ``name``, or None when it cannot be loaded here.
+
+  Triton needs a GPU or its interpreter; without a GPU it is loaded under the interpreter in a
+  subprocess (the interpreter would leak into every other test here) and rebuilt from what it
+  declares: framework, operations, capabilities.
+  """
+  from clipbench.impls import registry
+  impl = registry.load(name)
+  if impl.available or name != "clipbench.triton":
+    return impl if impl.available else None
+  code = ("import dataclasses, json\n"
+          "from clipbench.impls.registry import load\n"
+          f"i = load({name!r})\n"
+          "print(json.dumps([i.available, i.framework, i.ops,"
+          " dataclasses.asdict(i.capabilities)]))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
+  if out.returncode != 0:
+    return None
+  available, framework, ops, caps = json.loads(out.stdout.strip().splitlines()[-1])
+  if not available:
+    return None
+  from clipbench.impls.capabilities import as_capabilities
+  obj = types.SimpleNamespace(**{op: (lambda *a, **k: None) for op in ops})
+  return dataclasses.replace(impl, available=True, obj=obj, framework=framework,
+                             capabilities=as_capabilities(caps))
+
+
+def _families(impl: Any) -> set[str]:
+  """The families whose every workload ``cases.skip_reason`` lets ``impl`` run.
+
+  Asked for a dtype and a device the implementation declares: the table states families;
+  dtypes and devices are checked separately.
+  """
+  caps = impl.capabilities
+  dtype = next(d for d in grid.ALL_DTYPES if d in caps.dtypes)
+  device = "cpu" if "cpu" in caps.devices else caps.devices[0]
+  return {fam.name for fam in grid.FAMILIES
+          if all(cases.skip_reason(impl, workloads.get(w), dtype, device) is None
+                 for w in fam.workloads)}
+
+
+@pytest.mark.parametrize("name", cases.timed_impl_names())
+def test_static_table_matches_declared_capabilities(name: str) -> None:
+  entry = grid.entry(name)
+  assert entry is not None, f"{name} is registered but missing from grid.IMPLS"
+  impl = _declared(name)
+  if impl is None:
+    pytest.skip(f"{name} cannot be loaded here")
+  framework, caps = impl.framework, impl.capabilities
+  assert entry.framework == framework
+  assert set(entry.families) == _families(impl)
+  devices = set(caps.devices)
+  if name == "clipbench.triton":
+    devices.discard("cpu")  # the interpreter (tests only) is not a device to benchmark
+  assert ("cpu" in devices) == ("cpu" in entry.devices)
+  assert devices <= set(entry.devices)
+  if "cuda" in entry.devices and "cuda" not in devices:
+    assert not cases.cuda_device_node_present(), f"{name} declares no cuda on a GPU machine"
+  # Every grid dtype is declared, but float64 for JAX, which declares it exactly with x64 on
+  # (the static skip assumes so).
+  expected = set(grid.ALL_DTYPES)
+  if framework == "jax":
+    import jax
+    assert ("float64" in caps.dtypes) == bool(jax.config.jax_enable_x64)
+    expected.discard("float64")
+  assert expected <= set(caps.dtypes)
+  assert entry.slow_workloads <= {w for f in entry.families for w in grid.family(f).workloads}
+
+
+@pytest.mark.parametrize("name,dtype", [("W2-relax", "bfloat16"), ("W1-model-pinf", "float64"),
+                                        ("W4-many-small", "float32")])
+def test_cached_inputs_round_trip(name: str, dtype: str, tmp_path: pathlib.Path) -> None:
+  inputs = workloads.get(name).build(TINY, dtype)
+  path = str(tmp_path / "inputs.npz")
+  bench_clipping.save_inputs(path, inputs)
+  again = bench_clipping.load_inputs(path, dtype)
+  assert len(again.leaves) == len(inputs.leaves)
+  for a, b in zip(inputs.leaves, again.leaves):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+  assert (again.threshold, again.norm_type, again.num_systems) == (
+      inputs.threshold, inputs.norm_type, inputs.num_systems)
+  if inputs.segments is None:
+    assert again.segments is None
+  else:
+    for a, b in zip(inputs.segments, again.segments):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_jax_compilation_cache_switch(tmp_path: pathlib.Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+  jax = pytest.importorskip("jax")
+  monkeypatch.setenv(bench_clipping.JAX_CACHE_ENV, str(tmp_path / "jax"))
+  assert bench_clipping.enable_jax_compilation_cache() == str(tmp_path / "jax")
+  assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+  assert jax.config.jax_persistent_cache_min_entry_size_bytes == -1
+  monkeypatch.delenv(bench_clipping.JAX_CACHE_ENV)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert bench_clipping.jax_cache_dir() == str(tmp_path / "xdg" / "clipbench" / "jax")
 
 
 def test_asv_scale_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,6 +399,7 @@ def test_suite_import_loads_no_framework() -> None:
   # process): no framework, hence no CUDA context, may be loaded before a benchmark's setup.
   code = ("import sys\n"
           "import clipbench.benchmarks.bench_clipping, clipbench.benchmarks.bench_workloads\n"
+          "import clipbench.benchmarks.grid\n"
           "import clipbench.benchmarks.conftest, clipbench.benchmarks.roofline\n"
           "print(','.join(m for m in ('torch', 'jax', 'tensorflow', 'triton', 'numba')"
           " if m in sys.modules))\n")

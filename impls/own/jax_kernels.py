@@ -89,7 +89,6 @@ _FMTS = {
     np.dtype(np.float64): _Fmt(64, 52, 1023, jnp.uint64),
 }
 _KEY_BIAS = 1200  # key exponent offset: every |x| of every dtype has exponent > -1200
-_NAN_BITS = {16: None, 32: 0x7FC00000, 64: 0x7FF8000000000000}
 
 
 # ------------------------------------------------------------------------ bit-level helpers

@@ -4,48 +4,56 @@ Every rule of SPEC.md holds with no deviation. The design makes every output bit
 the *exact* values of a system's elements, so batch invariance (rule 11) holds by
 construction, whatever the summation order of the kernels that do the work.
 
-Canonical definitions (per system k, exact norm ``n`` (p-norm or step norm), threshold ``c``)
-------------------------------------------------------------------------------------------------
+Canonical definitions (per system: exact norm ``n`` (p-norm or step norm), threshold ``c``)
+-------------------------------------------------------------------------------------------
 * clipped iff ``n > c`` exactly (rule 3); the reported norm is ``n`` correctly rounded to
   nearest in the norm dtype (0 ulp; +inf past its range, rule 5);
 * the factor is ``s = max{s in F_P : s * n * (1 + w_P) <= c}``, ``F_P`` the P-bit binary floats
   (unbounded exponent): P = 24, ``w = 5 * 2**-26`` when the system has an element in a
   float32/bfloat16/float16 leaf, else P = 53, ``w = 5 * 2**-55``. So ``s`` lies within
   ``3.25 u`` below ``c/n`` (rule 4 allows 4u of the coarsest dtype);
-* float32 leaves: ``x * s`` in float32, rounded to nearest (one fast multiply): since
+* float32 leaves: ``x * s`` in float32, rounded to nearest (one fast multiply). Since
   ``s (1 + u32) n <= c / (1 + 2**-26)``, the output norm stays ``<= c`` even counting
   subnormal roundings, provided ``s >= 2**-126`` and ``c >= count * 2**-123`` (checked per
-  system; otherwise the element is rounded toward zero, as below); float64 leaves: the same
-  with ``x * s`` in float64 (``s >= 2**-1022``, ``c >= count * 2**-1019``, otherwise an exact
-  host computation); bfloat16/float16 leaves: ``x * s`` is exact in float64 and rounded
-  toward zero into the leaf dtype. Each output is within 1 ulp of ``x * s`` and the exact
-  output norm is ``<= c`` for every p and for the step norm.
+  system; otherwise its elements are rounded toward zero as below). float64 leaves: the same
+  in float64 (``s >= 2**-1022``, ``c >= count * 2**-1019``, otherwise an exact host
+  computation). bfloat16/float16 leaves: ``x * s`` is exact in float64 and is rounded toward
+  zero into the leaf dtype. Each output is within 1 ulp of ``x * s``, and the exact output
+  norm is ``<= c`` for every p and for the step norm.
 
-How they are computed fast (certified approximation, exact fallback)
-----------------------------------------------------------------------
-The kernels compute an approximation of each system's power sum together with a *rigorous*
-error bound. For float16/bfloat16/float32 leaves (norm dtype float32) squares are exact in
-float64 and the sum of ``m`` nonnegative terms, in any order or tree, is within
-``gamma_m = m u / (1 - m u)`` (u = 2**-53) of the exact sum. The W1 path sums 32768-element
-chunks (cache-sized, below torch's parallel grain) with one ``dot`` each and the chunk results
-with ``math.fsum``, so the bound is ``gamma_32770``, about 2**-37. Per-system sums use row
-sums and ``index_add_`` (or ``segment_reduce`` on sorted segments) in any order; the bound
-uses each system's element count. Each decision above (threshold, rounding midpoints, the
-candidate factors) is taken from the certified interval when the interval decides it, which
-is the rule for random data; otherwise (near-ties, which is what a ``norm == max`` test
-builds) that system alone is recomputed exactly: exact integer sums of squares from an int64
-exponent-bucket accumulator (order-independent), Python rationals for the decisions, mpmath
-intervals for non-integer p. Both routes give the same bits, because both compute the same
-exact function; so the unsorted (``index_add_``) and sorted (``segment_reduce``) paths, the
-global and the per-system paths, eager and compiled, all agree bit for bit.
+Computing them fast: certified approximations, exact near-ties
+----------------------------------------------------------------
+The kernels compute each system's power sum with a *rigorous* error bound; each decision
+above is taken from the certified interval when the interval decides it (the rule for random
+data); near-ties (what a ``norm == max`` test builds) recompute that system alone exactly.
+Both routes compute the same exact function, so they give the same bits: unsorted
+(``index_add_``) and sorted (``segment_reduce`` on offsets, the contiguous fast path) segments,
+the global and per-system paths, eager, compiled and the Triton kernels all agree bit for bit.
 
-float64 leaves (norm dtype float64) need ~2**-60 relative accuracy: elements are scaled by a
-per-system power of two (no overflow, no underflow), squares are split exactly
-(``y = yh + yl``, 26-bit ``yh``), and the sums use error-free extraction (Rump-Ogita-Oishi
-``ExtractVector``: ``q = (t + sigma) - sigma`` with a per-system power of two ``sigma``), so
-the large parts are summed exactly in any order and only tiny remainders carry rounding
-error. p = +-inf are exact maxima/minima; general p uses per-system power-of-two scaling by
-the largest magnitude, ``pow`` (error taken as 2**-50 per term) and the same certification.
+* float16/bfloat16/float32 leaves (norm dtype float32): squares and |x| are exact in float64,
+  and any float64 summation tree of m nonnegative terms is within ``gamma_m = m u / (1 - m u)``
+  (u = 2**-53) of the exact sum, so a bound needs only the depth. The one-system path sums
+  cache-sized chunks (one ``vector_norm`` each) and combines them with ``math.fsum``:
+  ``gamma_32770``, about 2**-37, against decision grids of 2**-24..2**-26.
+* float64 leaves (norm dtype float64, ~2**-60 needed): a per-system power-of-two scaling (no
+  overflow, no underflow), an exact split ``y = yh + yl`` (26-bit ``yh``), and error-free
+  extraction (Rump, Ogita, Oishi: ``q = (t + sigma) - sigma`` with a per-system power of two
+  ``sigma``): the large parts sum exactly in any order, only tiny remainders round. Decisions
+  are made in double-double (numpy), vectorized over systems.
+* p = +-inf: exact maxima/minima. General p: per-system power-of-two scaling by the largest
+  magnitude, ``pow`` with a per-term error bound, the same certification (float64 leaves with
+  a non-integer p always take the exact path).
+* Exact path: int64 limb sums of ``m**2`` (or ``m``) per (system, exponent) bucket
+  (``exact_power_sums``, order-independent), Python rationals for the decisions, mpmath
+  interval enclosures for non-integer p.
+
+Speed notes (CPU): eager ops run on chunks below torch's parallel grain (32768 elements), on
+the calling thread: on a loaded 2-core machine torch's OpenMP regions cost milliseconds per
+op (every op waits for every thread), which made whole-tensor ops 5-20x slower than chunked
+ones; BLAS (``dot``, ``mv``) is avoided for the same reason. Many small leaves are multiplied by
+one ``_foreach_mul``. ``compiled`` compiles the per-system passes (row power sums, step norms,
+the float64 extraction, the keep-or-scale select) with the row count dynamic and the row
+width static (a symbolic width made inductor's code ~10x slower).
 
 Non-finite input (rule 7): "propagate" gives the system norm NaN (any NaN) else +inf and an
 all-NaN output; "zero" replaces non-finite elements by +0.0 before anything else.
@@ -253,14 +261,6 @@ def _next_up(f: Fraction, prec: int, emin: int | None) -> Fraction:
   if f == 0:
     return Fraction(2) ** (emin - prec + 1)
   return f + _quantum(f, prec, emin)
-
-
-def _next_down(f: Fraction, prec: int, emin: int | None) -> Fraction:
-  step = _quantum(f, prec, emin)
-  e = _floor_log2(f)
-  if f == Fraction(2) ** e and (emin is None or e > emin):
-    step /= 2
-  return f - step
 
 
 def _sign(q: Fraction) -> int:
@@ -686,7 +686,7 @@ class EagerKernels:
       else:
         b.abs_()
         if scale is not None:
-          b.mul_(scale[leaf.seg[r0:r1]].unsqueeze(1))
+          b.mul_(_gather(scale, leaf.seg[r0:r1]).unsqueeze(1))
         if p != 1:
           b.pow_(p)
       _row_sums(b, out[r0:r1])
@@ -712,10 +712,10 @@ class EagerKernels:
       m = leaf.matrix()
       step = leaf.rows if dev.type != "cpu" else max(1, self.CHUNK // max(leaf.width, 1))
       if leaf.seg is None:
-        m = leaf.x.reshape(1, -1) if dev.type != "cpu" else _global_blocks(
-            leaf.x.reshape(-1), self.CHUNK)
-        blocks = [m] if isinstance(m, torch.Tensor) else m
-        for b in blocks:
+        flat = leaf.x.reshape(-1)
+        size = flat.numel() if dev.type != "cpu" else self.CHUNK
+        for a in range(0, flat.numel(), size):
+          b = flat[a:a + size]
           big[0] = torch.maximum(big[0], torch.linalg.vector_norm(b, math.inf).double())
           if want_min:
             small[0] = torch.minimum(small[0], torch.linalg.vector_norm(b, -math.inf).double())
@@ -819,7 +819,7 @@ class EagerKernels:
         m = leaf.matrix()
         for part, r0 in zip(self._row_blocks(m), range(0, leaf.rows, self._rows_per_block(m))):
           seg = leaf.seg[r0:r0 + part.shape[0]]
-          rows = self._piece_row_sums(part, p, params[seg])
+          rows = self._piece_row_sums(part, p, _gather(params, seg))
           # One flat index_add_ (the (rows, 4) form adds slice by slice: much slower on CPU).
           flat_index = (seg.unsqueeze(1) * 4 + torch.arange(4, device=seg.device)).reshape(-1)
           acc.view(-1).index_add_(0, flat_index, rows.reshape(-1))
@@ -848,6 +848,11 @@ class EagerKernels:
     if not batch.per_system:
       return apply_global(batch.leaves, plan, self.CHUNK)
     return [apply_leaf(leaf, plan, self.CHUNK) for leaf in batch.leaves]
+
+
+def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+  """table[index] along dim 0 (index_select: advanced indexing is ~100x slower on a busy CPU)."""
+  return torch.index_select(table, 0, index)
 
 
 def _load(buf: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
@@ -1045,14 +1050,14 @@ def apply_leaf(leaf: Leaf, plan: Plan, chunk: int = 1 << 15) -> torch.Tensor:
     for r0 in range(0, leaf.rows, step):
       seg = leaf.seg[r0:r0 + step]
       block = m[r0:r0 + step]
-      y = block * s_sys[seg].unsqueeze(1)
+      y = block * _gather(s_sys, seg).unsqueeze(1)
       if KEEP_CODE in present:
-        torch.where(keep_sys[seg].unsqueeze(1), block, y, out=out[r0:r0 + step])
+        torch.where(_gather(keep_sys, seg).unsqueeze(1), block, y, out=out[r0:r0 + step])
       else:
         out[r0:r0 + step] = y
     return out.reshape(x.shape)
-  code_rows = torch.as_tensor(codes, device=dev)[leaf.seg]
-  s_rows = torch.as_tensor(plan.scale, dtype=torch.float64, device=dev)[leaf.seg]
+  code_rows = _gather(torch.as_tensor(codes, device=dev), leaf.seg)
+  s_rows = _gather(torch.as_tensor(plan.scale, dtype=torch.float64, device=dev), leaf.seg)
   out = m.clone()
   for code in sorted(present - {KEEP_CODE}):
     idx = torch.nonzero(code_rows == code).squeeze(1)
@@ -1348,7 +1353,7 @@ def gather_values(batch: Batch, systems: Sequence[int],
       continue
     m = leaf.matrix()
     g = torch.zeros(leaf.rows, dtype=torch.int64, device=m.device) if leaf.seg is None else \
-        lookup[leaf.seg]
+        _gather(lookup, leaf.seg)
     rows = torch.nonzero(g >= 0).squeeze(1)
     if rows.numel() == 0:
       continue
@@ -1623,8 +1628,9 @@ def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 
   ``dynamic=True`` would make the row width symbolic too, and inductor's code for a symbolic
   inner width runs ~10x slower; so dim 0 is marked dynamic on a view of each input (the
-  caller's tensors are not touched) and automatic dynamic shapes are off. A new dtype or row
-  width recompiles (a handful of graphs in all), beyond dynamo's default limit of 8.
+  caller's tensors are not touched) and automatic dynamic shapes are off; widths above 16
+  are dynamic too. A new dtype or small row width recompiles (a handful of graphs for real
+  layouts), so dynamo's recompile limit is raised during the call.
   """
   compiled_fn = torch.compile(fn, fullgraph=True)
 
@@ -1636,8 +1642,11 @@ def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
       if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] >= 2:
         a = a.view(a.shape)
         torch._dynamo.mark_dynamic(a, 0)  # pylint: disable=protected-access
+        if a.dim() > 1 and a.shape[1] > 16:
+          torch._dynamo.mark_dynamic(a, 1)  # pylint: disable=protected-access
       views.append(a)
-    with torch._dynamo.config.patch(recompile_limit=64, automatic_dynamic_shapes=False):  # pylint: disable=protected-access
+    with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=8192,  # pylint: disable=protected-access
+                                    automatic_dynamic_shapes=False):
       return compiled_fn(*views)
 
   return call
@@ -1673,17 +1682,30 @@ class CompiledKernels(EagerKernels):
       scale_rows = torch.ones(m.shape[0], dtype=torch.float64, device=m.device)
     return self._pow(m, scale_rows, torch.tensor(p, dtype=torch.float64, device=m.device))
 
+  # Narrow rows (the per-system layouts: positions, cells) go to compiled kernels with a
+  # static width; wide rows keep the eager cache-blocked code (inductor's code for a long
+  # or symbolic inner width was slower than it here).
+  NARROW = 16
+
   def _row_power_sums(self, leaf: Leaf, p: float, scale: torch.Tensor | None,
                       buf: torch.Tensor) -> torch.Tensor:
-    return self._rows(leaf.matrix(), p, None if scale is None else scale[leaf.seg])
+    if leaf.width > self.NARROW:
+      return super()._row_power_sums(leaf, p, scale, buf)
+    return self._rows(leaf.matrix(), p, None if scale is None else _gather(scale, leaf.seg))
 
   def _row_step_sums(self, leaf: Leaf, buf: torch.Tensor) -> torch.Tensor:
+    if leaf.width > self.NARROW:
+      return super()._row_step_sums(leaf, buf)
     return self._step(leaf.matrix().reshape(leaf.rows, -1, leaf.vec))
 
   def _piece_row_sums(self, m: torch.Tensor, p: int, params: torch.Tensor) -> torch.Tensor:
+    if m.shape[1] > self.NARROW:
+      return _piece_row_sums(m, params, p)
     return self._pieces[p](m, params)
 
   def _rows_per_block(self, m: torch.Tensor) -> int:
+    if m.shape[1] > self.NARROW:
+      return super()._rows_per_block(m)
     return max(1, m.shape[0])  # one compiled kernel per leaf (it parallelizes itself)
 
   def apply(self, batch: Batch, plan: Plan) -> list[torch.Tensor]:
@@ -1703,8 +1725,9 @@ class CompiledKernels(EagerKernels):
       return leaf.x if leaf.owned else leaf.x.clone()
     x = leaf.x
     dev = x.device
-    keep = torch.as_tensor(codes == KEEP_CODE, device=dev)[leaf.seg]
-    s_rows = torch.as_tensor(plan.scale, dtype=torch.float64, device=dev).to(x.dtype)[leaf.seg]
+    keep = _gather(torch.as_tensor(codes == KEEP_CODE, device=dev), leaf.seg)
+    s_rows = _gather(torch.as_tensor(plan.scale, dtype=torch.float64, device=dev).to(x.dtype),
+                     leaf.seg)
     return self._apply(leaf.matrix(), keep, s_rows).reshape(x.shape)
 
 

@@ -1,0 +1,1 @@
+"""Plain implementations that set the speed bar: what a user would write in a few lines."""
