@@ -79,11 +79,10 @@ def test_clip(benchmark, case: tuple[str, str, str, str], bench_scale: float,
   reason = cases.skip_reason(impl, workload, dtype, device)
   if reason:
     pytest.skip(reason)
-  slow = grid.entry(impl_name)
-  for slow_workload, why in (slow.slow if slow is not None else ()):
-    if slow_workload == workload_name and not grid.run_slow():
-      pytest.skip(f"{impl_name} on {workload_name} takes minutes to set up: {why}; "
-                  f"{grid.SLOW_ENV}=1 runs it")
+  # The table asv uses: families an implementation is timed on, and the cases too slow to set up.
+  reason = grid.static_skip_reason(impl_name, workload_name, dtype, device)
+  if reason:
+    pytest.skip(reason)
   inputs = _inputs(workload_name, bench_scale, dtype)
   prepared = cases.prepare(impl, workload, inputs, device)
   run = cases.timed_runner(impl, prepared)

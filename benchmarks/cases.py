@@ -98,10 +98,6 @@ def skip_reason(impl: Implementation, workload: workloads.Workload, dtype: str,
   op = resolve_op(impl, workload)
   if op is None:
     return f"{impl.name} does not provide {workload.op}"
-  if impl.kind == "baseline" and not workload.per_system:
-    # The plain segment_sum code is the bar of the per-system workloads (W2/W3) only; jitted
-    # over W4's 10,000 leaves it takes minutes of XLA compile time.
-    return f"{impl.name} is the baseline of the per-system workloads only"
   caps = impl.capabilities
   if workload.per_system and not caps.per_system:
     return f"{impl.name} has no per-system (segments) support"
@@ -142,8 +138,8 @@ def timed_runner(impl: Implementation,
   """The call that is timed: ``runner(prepared)`` runs the case and waits for its result.
 
   JAX implementations declaring ``jit`` run under ``jax.jit`` (up to ``JIT_MAX_LEAVES``
-  leaves) with the threshold and keyword arguments of ``prepared`` baked in, so the runner only accepts preparations of the same case;
-  every other implementation runs through ``calling.run``.
+  leaves) with the threshold and keyword arguments of ``prepared`` baked in, so the runner
+  only accepts preparations of the same case; every other one runs through ``calling.run``.
   """
   # Our own JAX implementation jits its core itself, after validating concrete inputs on the
   # host; under an outer jit it would take its traced path instead (x64 off, no host checks).

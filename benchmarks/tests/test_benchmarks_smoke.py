@@ -334,7 +334,11 @@ def test_static_table_matches_declared_capabilities(name: str) -> None:
     pytest.skip(f"{name} cannot be loaded here")
   framework, caps = impl.framework, impl.capabilities
   assert entry.framework == framework
-  assert set(entry.families) == _families(impl)
+  if impl.kind == "baseline":
+    # A baseline is timed only where it is the bar (the baseline segment_sum: per-system).
+    assert set(entry.families) <= _families(impl)
+  else:
+    assert set(entry.families) == _families(impl)
   devices = set(caps.devices)
   if name == "clipbench.triton":
     devices.discard("cpu")  # the interpreter (tests only) is not a device to benchmark
