@@ -23,15 +23,11 @@ venv: $(VENV)/.installed
 test: $(VENV)/.installed
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
-# Without a GPU the report checks the Triton kernels through the interpreter, as the tests do;
-# with one (/dev/nvidia0) they run compiled on CUDA tensors.
-TRITON_ON_CPU := $(if $(wildcard /dev/nvidia0),0,1)
-
 report: $(VENV)/.installed
-	TRITON_INTERPRET=$${TRITON_INTERPRET:-$(TRITON_ON_CPU)} $(BIN)/clipbench report $(REPORT_ARGS)
+	$(BIN)/clipbench report $(REPORT_ARGS)
 
 conform: $(VENV)/.installed
-	TRITON_INTERPRET=$${TRITON_INTERPRET:-$(TRITON_ON_CPU)} $(BIN)/clipbench conform $(CONFORM_ARGS)
+	$(BIN)/clipbench conform $(CONFORM_ARGS)
 
 bench: $(VENV)/.installed
 	$(BIN)/clipbench bench $(BENCH_ARGS)

@@ -82,9 +82,10 @@ def _interactive() -> bool:
   return sys.stdout.isatty()
 
 
-def _child_env() -> dict[str, str]:
-  """The environment of a pytest run: the working directory on PYTHONPATH (outside impls)."""
-  env = dict(os.environ)
+def _child_env(defaults: dict[str, str] | None = None) -> dict[str, str]:
+  """The environment of a pytest run: the working directory on PYTHONPATH (outside impls),
+  and ``defaults`` where the caller's environment does not set them."""
+  env = {**(defaults or {}), **os.environ}
   paths = [os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
   env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
   return env
@@ -101,10 +102,13 @@ def _summary_tail(log: str, limit: int = 40) -> str:
 
 
 def run_pytest(cmd: Sequence[str], label: str, log_path: str, *,
-               progress: bool | None = None) -> int:
-  """Runs ``cmd``; with a terminal, behind a progress bar (full output to ``log_path``)."""
+               progress: bool | None = None, env_defaults: dict[str, str] | None = None) -> int:
+  """Runs ``cmd``; with a terminal, behind a progress bar (full output to ``log_path``).
+
+  ``env_defaults`` are set in the run's environment unless the caller's already sets them.
+  """
   progress = _interactive() if progress is None else progress
-  env = _child_env()
+  env = _child_env(env_defaults)
   if not progress:
     print("$ " + shlex.join(cmd), flush=True)
     return subprocess.run(cmd, env=env, check=False).returncode
@@ -291,6 +295,13 @@ def _profile(args: argparse.Namespace) -> str | None:
   return "ci" if args.quick else args.profile
 
 
+def _conformance_env_defaults() -> dict[str, str]:
+  """Without a GPU the Triton kernels can only run through Triton's interpreter, as in
+  ``make test``; with one they run compiled on CUDA tensors."""
+  from clipbench.benchmarks import cases
+  return {} if cases.cuda_device_node_present() else {"TRITON_INTERPRET": "1"}
+
+
 def run_conform(impls: Sequence[str], ops: Sequence[str], profile: str | None,
                 results_path: str, extra: Sequence[str]) -> int:
   """Runs the suite; promotes its results table over ``results_path`` only if it is sound."""
@@ -299,7 +310,7 @@ def run_conform(impls: Sequence[str], ops: Sequence[str], profile: str | None,
   with _staged(results_path, ".csv.tmp") as tmp:
     cmd = conform_command(impls, ops, profile, tmp, extra)
     log = os.path.splitext(results_path)[0] + ".log"
-    rc = run_pytest(cmd, "conformance", log)
+    rc = run_pytest(cmd, "conformance", log, env_defaults=_conformance_env_defaults())
     if rc not in (0, 1):
       _note(f"conformance run did not complete (pytest exit status {rc}); "
             f"{results_path} left as it was")

@@ -67,8 +67,8 @@ class FakePytest:
     self.write = write
     self.calls: list[tuple[list[str], dict[str, str]]] = []
 
-  def __call__(self, cmd, label, log_path, *, progress=None):
-    self.calls.append((list(cmd), cli._child_env()))  # pylint: disable=protected-access
+  def __call__(self, cmd, label, log_path, *, progress=None, env_defaults=None):
+    self.calls.append((list(cmd), cli._child_env(env_defaults)))  # pylint: disable=protected-access
     if self.write is not None:
       self.write(cmd)
     return self.rc
@@ -213,6 +213,26 @@ def test_conform_outside_module_command_and_results(outside, fake_run, capsys):
   assert env["PYTHONPATH"].split(os.pathsep)[0] == str(outside)
   assert results.exists() and "rows" in capsys.readouterr().out
   assert _option(cmd, "--results") != str(results)  # the run writes beside, then it is moved
+
+
+@pytest.mark.parametrize("gpu, caller, expected", [
+    (False, None, "1"),     # no GPU: the Triton kernels are checked through the interpreter
+    (False, "0", "0"),      # the caller's own setting wins
+    (True, None, None),     # a GPU: compiled kernels on CUDA tensors, nothing set
+])
+def test_conform_runs_triton_interpreted_without_gpu(tmp_path, fake_run, monkeypatch, gpu,
+                                                     caller, expected):
+  from clipbench.benchmarks import cases
+  monkeypatch.setattr(cases, "cuda_device_node_present", lambda: gpu)
+  if caller is None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+  else:
+    monkeypatch.setenv("TRITON_INTERPRET", caller)
+  fake = fake_run(rc=0, write=write_conformance)
+  assert cli.main(["conform", "--impl", "reference", "--results",
+                   str(tmp_path / "conformance.csv")]) == 0
+  (_, env), = fake.calls
+  assert env.get("TRITON_INTERPRET") == expected
 
 
 def test_conform_failures_keep_new_results_and_pytest_status(tmp_path, fake_run):
