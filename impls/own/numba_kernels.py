@@ -32,7 +32,8 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   read-for-ownership of the output and no eviction of the input (``_nt_scale_f32``; the same
   bits as the scalar code, lane by lane).
 
-Execution: validation (rules 6, 9, 10, 13) runs on the host before any kernel. Kernels are
+Execution: validation (rules 6, 9, 10, 13) runs before any other kernel; its one pass over
+each segment array also records the system row offsets of sorted ids. Kernels are
 serial, release the GIL and run over contiguous ranges of blocks on a small thread pool (an
 OpenMP barrier on a busy 2-core machine stalled ~36 ms per parallel region); they read leaves
 in place through their data pointers (small leaves packed with one C-level concatenate) and
@@ -850,70 +851,72 @@ def _apply_rows(r0, r1, addr, out_addr, size, code, rowsize, seg, table, action,
 
 
 # ------------------------------------------------------------------------- segment handling
+_SCAN_SUB = 2048  # ids per sub-chunk: checked, then (still in L1) searched for boundaries
+# Below this many ids a serial scan (about 0.3 ns per cached id) beats a thread hand-off.
+_SCAN_PARALLEL_MIN = 1 << 20
+
+
 @njit(**_JIT)
-def _scan_chunk(c0, c1, seg, mins, maxs, ok, nchunks):
-  """Chunks [c0, c1) of an id array: min, max, and sortedness (including the chunk's first
-  element against the previous chunk's last). Branch-free, so it vectorises."""
+def _record_offsets(seg, b, e, prev, off):
+  """off[k] = the first row in [b, e) with id >= k, for ids k in (prev, seg[e - 1]] clipped to
+  [0, len(off) - 2]; seg[b:e] is sorted and prev is the id before row b (-1 at row 0). Binary
+  searches over ids the scan has just brought into L1, each from the previous result."""
+  k = max(prev + 1, 0)
+  top = min(np.int64(seg[e - 1]), off.size - 2)
+  j = b
+  while k <= top:
+    lo, hi = j, e - 1  # seg[e - 1] >= top >= k: the answer is in [lo, hi]
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if seg[mid] < k:
+        lo = mid + 1
+      else:
+        hi = mid
+    j = lo
+    # Every id in (seg[j - 1], seg[j]] starts at row j.
+    k_end = min(np.int64(seg[j]), top)
+    while k <= k_end:
+      off[k] = j
+      k += 1
+
+
+@njit(**_JIT)
+def _scan_chunk(c0, c1, seg, mins, maxs, ok, nchunks, off):
+  """Chunks [c0, c1) of an id array: sortedness (including the chunk's first element against
+  the previous chunk's last), min and max (the end points of a sorted chunk; a second pass
+  only over an unsorted one) and, while the chunk is sorted so far, the system offsets of its
+  rows (``_record_offsets``; meaningful only if every chunk is sorted). The order check is
+  branch-free, so it vectorises; the offsets cost one search per system boundary, on ids
+  already in cache, instead of a second pass over the array."""
   n = seg.size
   for c in range(c0, c1):
     lo = c * n // nchunks
     hi = (c + 1) * n // nchunks
-    mn = np.iinfo(np.int64).max
-    mx = np.iinfo(np.int64).min
-    part = seg[lo:hi]
-    for j in range(part.size):
-      mn = min(mn, np.int64(part[j]))
-      mx = max(mx, np.int64(part[j]))
-    start = max(lo, 1)
     descents = 0
-    cur = seg[start:hi]
-    prev = seg[start - 1:hi - 1]
-    for j in range(cur.size):
-      descents += np.int64(cur[j] < prev[j])
-    mins[c] = mn
-    maxs[c] = mx
-    ok[c] = descents == 0
-
-
-@njit(**_JIT)
-def _sorted_offsets_range(k0, k1, seg, off):
-  """off[k] for k in [k0, k1): the first row whose id is >= k, in sorted ids. A binary search
-  finds the start, then each next offset gallops forward from the previous one (probes stay
-  near each other: O(S log run), and ranges of k split across threads)."""
-  n = seg.size
-  lo, hi = 0, n
-  while lo < hi:
-    mid = (lo + hi) // 2
-    if seg[mid] < k0:
-      lo = mid + 1
+    prev = np.int64(seg[lo - 1]) if lo > 0 else np.int64(-1)
+    for b in range(lo, hi, _SCAN_SUB):
+      e = min(b + _SCAN_SUB, hi)
+      start = max(b, 1)
+      cur = seg[start:e]
+      before = seg[start - 1:e - 1]
+      for j in range(cur.size):
+        descents += np.int64(cur[j] < before[j])
+      if descents == 0:
+        _record_offsets(seg, b, e, prev, off)
+        prev = np.int64(seg[e - 1])
+    if descents == 0:
+      mins[c] = seg[lo]
+      maxs[c] = seg[hi - 1]
     else:
-      hi = mid
-  pos = lo
-  for k in range(k0, k1):
-    if pos < n and seg[pos] < k:
-      step = 1
-      lo = pos
-      hi = pos + 1
-      while hi < n and seg[hi] < k:
-        lo = hi
-        step *= 2
-        hi = min(n, hi + step)
-      while hi - lo > 1:  # seg[lo] < k, and hi == n or seg[hi] >= k
-        mid = (lo + hi) // 2
-        if seg[mid] < k:
-          lo = mid
-        else:
-          hi = mid
-      pos = hi
-    off[k] = pos
-
-
-def _sorted_offsets(seg: np.ndarray, num_systems: int) -> np.ndarray:
-  off = np.empty(num_systems + 1, dtype=np.int64)
-  # Weight per system ~ its share of rows, so the pool splits large inputs in two.
-  _parallel(_sorted_offsets_range, np.full(num_systems + 1, max(1, seg.size // (
-      num_systems + 1)), dtype=np.int64), seg, off)
-  return off
+      mn = np.iinfo(np.int64).max
+      mx = np.iinfo(np.int64).min
+      part = seg[lo:hi]
+      for j in range(part.size):
+        mn = min(mn, np.int64(part[j]))
+        mx = max(mx, np.int64(part[j]))
+      mins[c] = mn
+      maxs[c] = mx
+    ok[c] = descents == 0
 
 
 @njit(**_JIT)
@@ -1243,7 +1246,19 @@ def release_buffers() -> None:
   _BUFFERS.clear()
 
 
+@njit(nogil=True, cache=True)
+def _data_address(x):
+  return x.ctypes.data
+
+
+_NUMBA_TYPED = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
+
+
 def _address(x: np.ndarray) -> int:
+  # A compiled call costs ~0.6 us against ~2.8 us for the array interface, and W1 asks for
+  # hundreds of addresses per call; numba does not type bfloat16 (nor, fully, float16).
+  if x.dtype in _NUMBA_TYPED:
+    return _data_address(x)
   return x.__array_interface__["data"][0]
 
 
@@ -1254,7 +1269,7 @@ class _Prepared:
   """
 
   def __init__(self, leaves: list[np.ndarray], segs: list[np.ndarray] | None,
-               sorted_flags: list[bool] | None, num_systems: int):
+               row_offsets: list[np.ndarray | None] | None, num_systems: int):
     self.leaves = leaves
     self._items = {}
     nl = len(leaves)
@@ -1295,8 +1310,8 @@ class _Prepared:
         seg = segs[i]
         if seg.size == 0:
           continue
-        if sorted_flags[i]:
-          offsets[i] = _sorted_offsets(seg, num_systems)
+        if row_offsets[i] is not None:
+          offsets[i] = row_offsets[i]
         else:
           order, offsets[i] = _counting_order(seg, num_systems)
           self.gathered[i] = np.ascontiguousarray(x[order])
@@ -1387,15 +1402,25 @@ def _extreme(prep: _Prepared, it_leaf, it_start, it_len, want_min: bool, zero_mo
   return part, flags
 
 
-def _scan_segments(seg: np.ndarray) -> tuple[int, int, bool]:
-  """(min, max, sorted) of an id array, in parallel chunks."""
+def _scan_segments(seg: np.ndarray, num_systems: int) -> tuple[int, int, np.ndarray | None]:
+  """(min, max, system row offsets or None if the ids are not sorted) of an id array, in
+  parallel chunks; offsets[k] is the first row of system k (offsets[num_systems] = rows)."""
   nchunks = 64 if seg.size >= 4096 else 1
   mins = np.empty(nchunks, dtype=np.int64)
   maxs = np.empty(nchunks, dtype=np.int64)
   ok = np.empty(nchunks, dtype=np.bool_)
-  _parallel(_scan_chunk, np.full(nchunks, max(1, seg.size // nchunks)), seg, mins, maxs, ok,
-            nchunks)
-  return int(mins.min()), int(maxs.max()), bool(ok.all())
+  off = np.empty(num_systems + 1, dtype=np.int64)
+  if seg.size < _SCAN_PARALLEL_MIN:
+    _scan_chunk(0, nchunks, seg, mins, maxs, ok, nchunks, off)
+  else:
+    _parallel(_scan_chunk, np.full(nchunks, seg.size // nchunks), seg, mins, maxs, ok, nchunks,
+              off)
+  lo, hi = int(mins.min()), int(maxs.max())
+  if not ok.all():
+    return lo, hi, None
+  # Systems after the largest id have no rows.
+  off[max(hi + 1, 0):] = seg.size
+  return lo, hi, off
 
 
 def _kind(p: float) -> tuple[int, int]:
@@ -1487,8 +1512,8 @@ def _step_stats(prep: _Prepared, zero_mode: bool, f64_mode: bool):
               rel_err=rel, zero=hi == 0, flags=flags)
 
 
-def _run(leaves, threshold, segs, sorted_flags, num_systems, p, nonfinite, step):
-  prep = _Prepared(leaves, segs, sorted_flags, num_systems)
+def _run(leaves, threshold, segs, row_offsets, num_systems, p, nonfinite, step):
+  prep = _Prepared(leaves, segs, row_offsets, num_systems)
   f64_mode = bool(np.any(prep.codes == _F64))
   zero_mode = nonfinite == "zero"
   st = _step_stats(prep, zero_mode, f64_mode) if step else _global_stats(
@@ -1559,7 +1584,8 @@ def _apply(prep: _Prepared, action, s_m, s_e, s_val, zero_sys, precise) -> list[
 # ------------------------------------------------------------------------------- public API
 def _validate(leaves, segments, num_systems, per_system: bool):
   """Rules 9 and 13 before any work: leaves, then segments (range and sortedness scanned
-  once, in parallel). Returns (leaves, segments or None, num_systems, sorted flags)."""
+  once, in parallel). Returns (leaves, segments or None, num_systems, row offsets), the row
+  offsets per leaf the system offsets of sorted ids or None for unsorted ones."""
   if isinstance(leaves, (list, tuple)):
     leaves = [np.asarray(x) if isinstance(x, np.generic) else x for x in leaves]
   leaves = numerics.check_leaves(leaves, lambda a: isinstance(a, np.ndarray))
@@ -1568,40 +1594,39 @@ def _validate(leaves, segments, num_systems, per_system: bool):
   count = numerics.check_num_systems(segments, num_systems, len(leaves))
   if count is None:
     return leaves, None, 1, None
-  segs, flags = [], []
+  segs, row_offsets = [], []
   for i, (leaf, seg) in enumerate(zip(leaves, segments)):
     seg = np.asarray(seg)
     numerics.check_segment(i, leaf.shape, seg.shape, seg.dtype)
-    is_sorted = True
+    offsets = np.zeros(count + 1, dtype=np.int64)
     if seg.size:
       seg = np.ascontiguousarray(seg)
-      lo, hi, is_sorted = _scan_segments(seg)
-      numerics.check_segment_range(i, int(lo), int(hi), count, seg if (
-          lo < 0 or hi >= count) else None)
+      lo, hi, offsets = _scan_segments(seg, count)
+      numerics.check_segment_range(i, lo, hi, count, seg if (lo < 0 or hi >= count) else None)
     segs.append(seg)
-    flags.append(bool(is_sorted))
-  return leaves, segs, count, flags
+    row_offsets.append(offsets)
+  return leaves, segs, count, row_offsets
 
 
 def clip_by_global_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, segments: Any = None,
                         num_systems: Any = None, norm_type: Any = 2.0,
                         nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
   """Per-system p-norm clipping (numpy in, numpy out); see the module docstring."""
-  leaves, segs, count, srt = _validate(leaves, segments, num_systems, True)
+  leaves, segs, count, row_offsets = _validate(leaves, segments, num_systems, True)
   threshold = numerics.check_threshold(max_norm, "max_norm", count)
   p = numerics.check_norm_type(norm_type)
   nonfinite = numerics.check_nonfinite(nonfinite)
-  return _run(leaves, threshold, segs, srt, count, p, nonfinite, False)
+  return _run(leaves, threshold, segs, row_offsets, count, p, nonfinite, False)
 
 
 def clip_by_max_step(leaves: Sequence[np.ndarray], max_step: Any, *, segments: Any = None,
                      num_systems: Any = None,
                      nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
   """Per-system max-step clipping: the largest last-axis vector norm is at most max_step."""
-  leaves, segs, count, srt = _validate(leaves, segments, num_systems, True)
+  leaves, segs, count, row_offsets = _validate(leaves, segments, num_systems, True)
   threshold = numerics.check_threshold(max_step, "max_step", count)
   nonfinite = numerics.check_nonfinite(nonfinite)
-  return _run(leaves, threshold, segs, srt, count, 2.0, nonfinite, True)
+  return _run(leaves, threshold, segs, row_offsets, count, 2.0, nonfinite, True)
 
 
 def clip_grad_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, norm_type: Any = 2.0,
