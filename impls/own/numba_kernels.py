@@ -1295,6 +1295,9 @@ _CODE_OF = {dt: code for code, dt in enumerate(_DTYPES)}
 # Leaves up to this many elements are packed (one C-level concatenate per dtype) instead of
 # being read through their own pointers: per-leaf Python work dominates many small leaves.
 _PACK_MAX = 1 << 14
+# ... when there are more than this many of them: packing copies them (a fresh buffer, page
+# faults included), which costs more than a few hundred pointer lookups (W1: 61 small leaves).
+_PACK_MIN_LEAVES = 256
 
 
 class _BufferPool:
@@ -1393,12 +1396,12 @@ class _Prepared:
     small = self.sizes <= _PACK_MAX
     for code in range(4):
       idx = np.flatnonzero((self.codes == code) & small)
-      if idx.size > 1:
+      if idx.size > _PACK_MIN_LEAVES:
         packed = np.concatenate([leaves[i] for i in idx.tolist()], axis=None)
         self._keep_alive.append(packed)
         starts = np.concatenate([[0], np.cumsum(self.sizes[idx])[:-1]])
         self.addrs[idx] = _address(packed) + starts * _ITEMSIZE[code]
-      elif idx.size == 1:
+      else:
         small[idx] = False
     for i in np.flatnonzero(~small).tolist():
       if not leaves[i].flags.c_contiguous:
