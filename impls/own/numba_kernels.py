@@ -33,16 +33,16 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   dtype, recycled (``_BufferPool``) once every view of an earlier result is gone, because
   first-touch page faults on fresh memory cost about one more pass. Long float32 runs (large
   leaves, whose outputs start on 64-byte boundaries) are written with streaming stores: no
-  read-for-ownership of the output and no eviction of the input (``_nt_scale_f32``; the same
-  bits as the scalar code, lane by lane).
+  read-for-ownership of the output and no eviction of the input (``_nt_scale_f32_fma``; the
+  same bits as the scalar code, lane by lane).
 
 Execution: validation (rules 6, 9, 10, 13) runs before any other kernel; its one pass over
-each segment array also records the system row offsets of sorted ids. Kernels are
-serial, release the GIL and run over contiguous ranges of blocks on a small thread pool (an
-OpenMP barrier on a busy 2-core machine stalled ~36 ms per parallel region); they read leaves
-in place through their data pointers (small leaves packed with one C-level concatenate) and
-are compiled once (``cache=True``) per argument types. Float64 leaves and p > 6 take the
-slower scaled double-double path (correct, not tuned).
+each segment array also records the system row offsets of sorted ids. Kernels are serial,
+release the GIL and run over contiguous ranges of blocks on a small thread pool (an OpenMP
+barrier on a busy 2-core machine stalled ~36 ms per parallel region); they read leaves in
+place through their data pointers (hundreds of small leaves packed with one C-level
+concatenate) and are compiled once (``cache=True``) per argument types. Float64 leaves and
+p > 6 take the slower scaled double-double path (correct, not tuned).
 """
 
 from __future__ import annotations
