@@ -8,11 +8,20 @@ roofline ratio is ``measured_seconds / roofline_seconds`` (1.0 is the bound; low
 
 The probe is the one function both asv and ``clipbench bench`` call, in the same run as the
 timings they relate it to, so every ratio can be recomputed from the saved figure.
+
+The roofline charges the norm's read pass at the copy bandwidth too, and leaves out the
+segment ids a per-system call must read to validate them. ``two_pass_floor_ratio`` adds both
+facts: read passes (the leaves once, the ids once) at the read bandwidth all cores reach
+(``measure_read_bandwidth``), the scale pass at the copy bandwidth. It is what no
+implementation that reads the data before writing it can beat on this machine, in roofline
+units; ``python -m clipbench.benchmarks.bandwidth`` prints it for every workload.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -58,3 +67,60 @@ def roofline_seconds(bytes_moved: float, bandwidth: float) -> float:
 def roofline_ratio(seconds: float, bytes_moved: float, bandwidth: float) -> float:
   """Measured time over the roofline time (1.0 is the bound; lower is better)."""
   return float(seconds) / roofline_seconds(bytes_moved, bandwidth)
+
+
+def measure_read_bandwidth(nbytes: int = DEFAULT_NBYTES, repeats: int = DEFAULT_REPEATS,
+                           threads: int | None = None) -> float:
+  """Best read bandwidth over ``repeats`` passes, ``threads`` threads (default: one per core)
+  each summing its own part of an ``nbytes`` float64 buffer, in bytes read per second.
+
+  numpy's reductions release the GIL and are pairwise sums of float64, cheap enough per byte
+  that the pass is bound by memory, not by arithmetic.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats: expected >= 1, got {repeats}")
+  if threads is None:
+    threads = os.cpu_count() or 1
+  if threads < 1:
+    raise ValueError(f"threads: expected >= 1, got {threads}")
+  buf = np.ones(max(threads, int(nbytes) // 8), dtype=np.float64)
+  parts = np.array_split(buf, threads)
+  best = float("inf")
+  with ThreadPoolExecutor(max_workers=threads) as pool:
+    for _ in range(repeats):
+      start = time.perf_counter()
+      list(pool.map(np.add.reduce, parts))
+      best = min(best, time.perf_counter() - start)
+  return buf.nbytes / max(best, 1e-9)
+
+
+def two_pass_floor_ratio(leaf_bytes: float, id_bytes: float, copy_bandwidth: float,
+                         read_bandwidth: float) -> float:
+  """Least time of a read-then-scale call over the roofline time (see the module docstring):
+  ``((leaf_bytes + id_bytes) / read + 2 leaf_bytes / copy) / (3 leaf_bytes / copy)``."""
+  for name, value in (("copy_bandwidth", copy_bandwidth), ("read_bandwidth", read_bandwidth),
+                      ("leaf_bytes", leaf_bytes)):
+    if not value > 0:
+      raise ValueError(f"{name}: expected a positive number, got {value!r}")
+  if not id_bytes >= 0:
+    raise ValueError(f"id_bytes: expected a number >= 0, got {id_bytes!r}")
+  floor = (leaf_bytes + id_bytes) / read_bandwidth + 2.0 * leaf_bytes / copy_bandwidth
+  return floor / roofline_seconds(3.0 * leaf_bytes, copy_bandwidth)
+
+
+def main() -> None:
+  """Prints both bandwidths and every workload's two-pass floor (scale 1, float32)."""
+  from clipbench.benchmarks import workloads  # pylint: disable=import-outside-toplevel
+  copy = measure_copy_bandwidth()
+  read = measure_read_bandwidth()
+  print(f"copy bandwidth {copy / 1e9:.1f} GB/s (numpy.copyto, one thread); read bandwidth "
+        f"{read / 1e9:.1f} GB/s ({os.cpu_count()} threads)")
+  print("two-pass floor, in roofline units (the roofline is 1):")
+  for workload in workloads.WORKLOADS:
+    inputs = workload.build(1.0, "float32")
+    ids = sum(int(s.nbytes) for s in inputs.segments or ())
+    print(f"  {workload.name:26s} {two_pass_floor_ratio(inputs.nbytes, ids, copy, read):.2f}")
+
+
+if __name__ == "__main__":
+  main()

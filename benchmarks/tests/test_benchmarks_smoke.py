@@ -92,6 +92,29 @@ def test_unknown_names_are_rejected() -> None:
     workloads.get("W4-many-small").build(0.0)
 
 
+def test_read_bandwidth_probe() -> None:
+  for threads in (1, 2):
+    read = bandwidth.measure_read_bandwidth(nbytes=1 << 20, repeats=2, threads=threads)
+    assert math.isfinite(read) and read > 0
+  with pytest.raises(ValueError, match="threads"):
+    bandwidth.measure_read_bandwidth(nbytes=1 << 20, threads=0)
+  with pytest.raises(ValueError, match="repeats"):
+    bandwidth.measure_read_bandwidth(nbytes=1 << 20, repeats=0)
+
+
+def test_two_pass_floor_ratio() -> None:
+  # Reads as fast as copies and no ids: the floor is the roofline itself.
+  assert bandwidth.two_pass_floor_ratio(1e9, 0.0, 20e9, 20e9) == pytest.approx(1.0)
+  # Reads at half the copy bandwidth: the norm pass costs two roofline passes of three.
+  assert bandwidth.two_pass_floor_ratio(1e9, 0.0, 20e9, 10e9) == pytest.approx(4 / 3)
+  # W3's ids (two thirds of the leaf bytes) at the copy bandwidth: 1 + (2/3) / 3.
+  assert bandwidth.two_pass_floor_ratio(3e9, 2e9, 20e9, 20e9) == pytest.approx(11 / 9)
+  with pytest.raises(ValueError, match="read_bandwidth"):
+    bandwidth.two_pass_floor_ratio(1e9, 0.0, 20e9, 0.0)
+  with pytest.raises(ValueError, match="id_bytes"):
+    bandwidth.two_pass_floor_ratio(1e9, -1.0, 20e9, 20e9)
+
+
 def test_bandwidth_probe_and_roofline() -> None:
   bw = bandwidth.measure_copy_bandwidth(nbytes=1 << 20, repeats=2)
   assert math.isfinite(bw) and bw > 0

@@ -137,26 +137,22 @@ def _u64(typingctx, value):
   return sig, codegen
 
 
-@intrinsic
-def _fma(typingctx, a, b, c):
-  sig = types.float64(types.float64, types.float64, types.float64)
+def _fma_intrinsic(elem, ir_type):
+  """fma(a, b, c) = a * b + c with one rounding, for one float type."""
+  @intrinsic
+  def fma(typingctx, a, b, c):
+    sig = elem(elem, elem, elem)
 
-  def codegen(context, builder, signature, args):
-    d = ir.DoubleType()
-    fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
-    return builder.call(fn, args)
-  return sig, codegen
+    def codegen(context, builder, signature, args):
+      fn = builder.module.declare_intrinsic("llvm.fma", [ir_type], ir.FunctionType(
+          ir_type, [ir_type] * 3))
+      return builder.call(fn, args)
+    return sig, codegen
+  return fma
 
 
-@intrinsic
-def _fma32(typingctx, a, b, c):
-  sig = types.float32(types.float32, types.float32, types.float32)
-
-  def codegen(context, builder, signature, args):
-    f = ir.FloatType()
-    fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
-    return builder.call(fn, args)
-  return sig, codegen
+_fma = _fma_intrinsic(types.float64, ir.DoubleType())
+_fma32 = _fma_intrinsic(types.float32, ir.FloatType())
 
 
 _JIT = dict(nogil=True, cache=True, fastmath=False)
@@ -196,6 +192,28 @@ def _nt_f32_loop(builder, in_ptr, out_ptr, n, body):
   builder.position_at_end(done)
 
 
+_VI32 = ir.VectorType(ir.IntType(32), _NT_LANES)
+_VF32 = ir.VectorType(ir.FloatType(), _NT_LANES)
+
+
+def _splat(value, ty):
+  return ir.Constant(ty, [value] * _NT_LANES)
+
+
+def _broadcast(builder, scalar, ty):
+  """A vector of ``_NT_LANES`` copies of an SSA scalar."""
+  undef = ir.Constant(ty, ir.Undefined)
+  lane0 = builder.insert_element(undef, scalar, ir.Constant(ir.IntType(32), 0))
+  return builder.shuffle_vector(lane0, undef, _splat(0, _VI32))
+
+
+def _nt_f32_loop_at(builder, args, body):
+  """``_nt_f32_loop`` over the intrinsic arguments (in address, out address, n, ...)."""
+  p32 = ir.IntType(32).as_pointer()
+  _nt_f32_loop(builder, builder.inttoptr(args[0], p32), builder.inttoptr(args[1], p32),
+               args[2], body)
+
+
 @intrinsic
 def _store_fence(typingctx):
   """sfence: streaming stores before it are globally visible before any store after it (one
@@ -216,9 +234,7 @@ def _nt_copy_f32(typingctx, in_addr, out_addr, n):
   sig = types.void(types.int64, types.int64, types.int64)
 
   def codegen(context, builder, signature, args):
-    p32 = ir.IntType(32).as_pointer()
-    _nt_f32_loop(builder, builder.inttoptr(args[0], p32), builder.inttoptr(args[1], p32),
-                 args[2], lambda b, bits: bits)
+    _nt_f32_loop_at(builder, args, lambda b, bits: bits)
     return context.get_dummy_value()
   return sig, codegen
 
@@ -231,30 +247,19 @@ def _nt_scale_f32(typingctx, in_addr, out_addr, n, sv):
   sig = types.void(types.int64, types.int64, types.int64, types.float64)
 
   def codegen(context, builder, signature, args):
-    i32, f32, f64 = ir.IntType(32), ir.FloatType(), ir.DoubleType()
-    vi = ir.VectorType(i32, _NT_LANES)
-    vf = ir.VectorType(f32, _NT_LANES)
-    vd = ir.VectorType(f64, _NT_LANES)
-
-    def splat(value, ty):
-      return ir.Constant(ty, [value] * _NT_LANES)
-
-    undef = ir.Constant(vd, ir.Undefined)
-    sv = builder.insert_element(undef, args[3], ir.Constant(i32, 0))
-    sv = builder.shuffle_vector(sv, undef, ir.Constant(vi, [0] * _NT_LANES))
+    vd = ir.VectorType(ir.DoubleType(), _NT_LANES)
+    sv = _broadcast(builder, args[3], vd)
 
     def body(b, bits):
-      sign = b.and_(bits, splat(0x80000000, vi))
-      mag = b.bitcast(b.and_(bits, splat(0x7FFFFFFF, vi)), vf)
+      sign = b.and_(bits, _splat(0x80000000, _VI32))
+      mag = b.bitcast(b.and_(bits, _splat(0x7FFFFFFF, _VI32)), _VF32)
       y = b.fmul(b.fpext(mag, vd), sv)
-      q = b.fptrunc(y, vf)
+      q = b.fptrunc(y, _VF32)
       up = b.fcmp_ordered(">", b.fpext(q, vd), y)
-      rtz = b.sub(b.bitcast(q, vi), b.zext(up, vi))
+      rtz = b.sub(b.bitcast(q, _VI32), b.zext(up, _VI32))
       return b.or_(rtz, sign)
 
-    p32 = i32.as_pointer()
-    _nt_f32_loop(builder, builder.inttoptr(args[0], p32), builder.inttoptr(args[1], p32),
-                 args[2], body)
+    _nt_f32_loop_at(builder, args, body)
     return context.get_dummy_value()
   return sig, codegen
 
@@ -268,30 +273,19 @@ def _nt_scale_f32_fma(typingctx, in_addr, out_addr, n, sv):
   sig = types.void(types.int64, types.int64, types.int64, types.float32)
 
   def codegen(context, builder, signature, args):
-    i32, f32 = ir.IntType(32), ir.FloatType()
-    vi = ir.VectorType(i32, _NT_LANES)
-    vf = ir.VectorType(f32, _NT_LANES)
-
-    def splat(value, ty):
-      return ir.Constant(ty, [value] * _NT_LANES)
-
-    undef = ir.Constant(vf, ir.Undefined)
-    sv = builder.insert_element(undef, args[3], ir.Constant(i32, 0))
-    sv = builder.shuffle_vector(sv, undef, ir.Constant(vi, [0] * _NT_LANES))
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]),
+    sv = _broadcast(builder, args[3], _VF32)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF32, [_VF32] * 3),
                                          f"llvm.fma.v{_NT_LANES}f32")
 
     def body(b, bits):
-      sign = b.and_(bits, splat(0x80000000, vi))
-      mag = b.bitcast(b.and_(bits, splat(0x7FFFFFFF, vi)), vf)
+      sign = b.and_(bits, _splat(0x80000000, _VI32))
+      mag = b.bitcast(b.and_(bits, _splat(0x7FFFFFFF, _VI32)), _VF32)
       q = b.fmul(mag, sv)
       err = b.call(fma, [mag, sv, b.fneg(q)])
-      below = b.lshr(b.bitcast(err, vi), splat(31, vi))  # the sign bit, -0.0 included
-      return b.or_(b.sub(b.bitcast(q, vi), below), sign)
+      below = b.lshr(b.bitcast(err, _VI32), _splat(31, _VI32))  # the sign bit, -0.0 included
+      return b.or_(b.sub(b.bitcast(q, _VI32), below), sign)
 
-    p32 = i32.as_pointer()
-    _nt_f32_loop(builder, builder.inttoptr(args[0], p32), builder.inttoptr(args[1], p32),
-                 args[2], body)
+    _nt_f32_loop_at(builder, args, body)
     return context.get_dummy_value()
   return sig, codegen
 
