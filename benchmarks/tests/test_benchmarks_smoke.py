@@ -102,17 +102,22 @@ def test_read_bandwidth_probe() -> None:
     bandwidth.measure_read_bandwidth(nbytes=1 << 20, repeats=0)
 
 
-def test_two_pass_floor_ratio() -> None:
-  # Reads as fast as copies and no ids: the floor is the roofline itself.
-  assert bandwidth.two_pass_floor_ratio(1e9, 0.0, 20e9, 20e9) == pytest.approx(1.0)
+def test_memory_floor_ratio() -> None:
+  floor = bandwidth.memory_floor_ratio
+  # Reads as fast as copies, no ids, one read pass: the floor is the roofline itself.
+  assert floor(1e9, 0.0, 20e9, 20e9, leaf_reads=1) == pytest.approx(1.0)
   # Reads at half the copy bandwidth: the norm pass costs two roofline passes of three.
-  assert bandwidth.two_pass_floor_ratio(1e9, 0.0, 20e9, 10e9) == pytest.approx(4 / 3)
+  assert floor(1e9, 0.0, 20e9, 10e9, leaf_reads=1) == pytest.approx(4 / 3)
   # W3's ids (two thirds of the leaf bytes) at the copy bandwidth: 1 + (2/3) / 3.
-  assert bandwidth.two_pass_floor_ratio(3e9, 2e9, 20e9, 20e9) == pytest.approx(11 / 9)
+  assert floor(3e9, 2e9, 20e9, 20e9, leaf_reads=1) == pytest.approx(11 / 9)
+  # Systems that fit in cache are read from memory once: the ids and the scaling pass only.
+  assert floor(3e9, 2e9, 20e9, 20e9, leaf_reads=0) == pytest.approx(8 / 9)
   with pytest.raises(ValueError, match="read_bandwidth"):
-    bandwidth.two_pass_floor_ratio(1e9, 0.0, 20e9, 0.0)
+    floor(1e9, 0.0, 20e9, 0.0, leaf_reads=1)
   with pytest.raises(ValueError, match="id_bytes"):
-    bandwidth.two_pass_floor_ratio(1e9, -1.0, 20e9, 20e9)
+    floor(1e9, -1.0, 20e9, 20e9, leaf_reads=1)
+  with pytest.raises(ValueError, match="leaf_reads"):
+    floor(1e9, 0.0, 20e9, 20e9, leaf_reads=2)
 
 
 def test_bandwidth_probe_and_roofline() -> None:

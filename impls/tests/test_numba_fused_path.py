@@ -1,0 +1,171 @@
+"""The numba kernels' fused route for sorted segments against their general route.
+
+Per-system calls on float32 leaves with sorted int32/int64 ids take one fused pass per thread
+(``numba_kernels._fused_systems``): ids scanned, squares summed, systems finalized and scaled
+while in cache. It must give the bits of the general route (separate scan, items, combine,
+finalize and apply kernels) on every input, hand back what it does not handle (unsorted or
+out-of-range ids, non-finite elements in zero mode) and raise the general route's errors.
+The general route is forced by disabling the fused one (``_fused_run`` returning None).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+nk = pytest.importorskip("clipbench.impls.own.numba_kernels")
+
+OPS = ("clip_by_global_norm", "clip_by_max_step")
+
+
+def _general(monkeypatch, op, *args, **kwargs):
+  with monkeypatch.context() as m:
+    m.setattr(nk, "_fused_run", lambda *a, **k: None)
+    return getattr(nk, op)(*args, **kwargs)
+
+
+def _assert_same_bits(got, want):
+  (got_leaves, got_norms), (want_leaves, want_norms) = got, want
+  assert len(got_leaves) == len(want_leaves)
+  for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+    assert g.shape == w.shape and g.dtype == w.dtype, f"leaves[{i}]"
+    np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32), err_msg=f"leaves[{i}]")
+  assert got_norms.dtype == want_norms.dtype
+  np.testing.assert_array_equal(got_norms.view(np.uint32), want_norms.view(np.uint32))
+
+
+def _batch(seed: int, num_systems: int, mean_rows: int, id_dtype=np.int64):
+  """Leaves of every kind the fused route takes: (n, 3) rows, per-system (3, 3) cells, a 1-D
+  leaf, a wide leaf whose systems span several summation blocks, and empty systems; values
+  over many binades (subnormals included), sorted ids."""
+  rng = np.random.default_rng(seed)
+  leaves, segments = [], []
+  for width, empty_share in ((3, 0.1), (None, 0.3), (1 + nk.BLOCK // 16, 0.9)):
+    counts = rng.poisson(mean_rows, num_systems)
+    counts[rng.random(num_systems) < empty_share] = 0
+    ids = np.repeat(np.arange(num_systems), counts).astype(id_dtype)
+    shape = (ids.size,) if width is None else (ids.size, width)
+    scale = 10.0 ** rng.uniform(-40, 3, num_systems)[ids]
+    values = rng.standard_normal(shape) * (scale if width is None else scale[:, None])
+    leaves.append(values.astype(np.float32))
+    segments.append(ids)
+  leaves.append(rng.standard_normal((num_systems, 3, 3)).astype(np.float32))
+  segments.append(np.arange(num_systems, dtype=id_dtype))
+  return leaves, segments
+
+
+def _thresholds(rng, num_systems):
+  per_system = 10.0 ** rng.uniform(-42, 4, num_systems)
+  per_system[rng.random(num_systems) < 0.1] = 0.0
+  per_system[rng.random(num_systems) < 0.1] = np.inf
+  return (1.0, 1e-30, per_system)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("seed,num_systems,mean_rows,id_dtype", [
+    (0, 1, 20, np.int64), (1, 7, 3, np.int32), (2, 300, 40, np.int64),
+    (3, 2_000, 80, np.int32)])  # the last one exceeds _PARALLEL_MIN: two threads
+def test_fused_route_gives_the_general_route_bits(monkeypatch, op, seed, num_systems, mean_rows,
+                                                  id_dtype):
+  leaves, segments = _batch(seed, num_systems, mean_rows, id_dtype)
+  for threshold in _thresholds(np.random.default_rng(seed), num_systems):
+    for nonfinite in ("propagate", "zero"):
+      args = (leaves, threshold)
+      kwargs = dict(segments=segments, num_systems=num_systems, nonfinite=nonfinite)
+      _assert_same_bits(getattr(nk, op)(*args, **kwargs), _general(monkeypatch, op, *args,
+                                                                   **kwargs))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fused_route_is_taken_for_sorted_float32(monkeypatch, op):
+  leaves, segments = _batch(5, 3_000, 60)
+
+  def general_path(*args, **kwargs):
+    raise AssertionError("the general route ran")
+
+  monkeypatch.setattr(nk, "_validate", general_path)
+  out, norms = getattr(nk, op)(leaves, 1.0, segments=segments, num_systems=3_000)
+  assert norms.shape == (3_000,)
+  assert any(np.count_nonzero(o != x) for o, x in zip(out, leaves)), "nothing was clipped"
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("mode", ("propagate", "zero"))
+def test_nonfinite_systems_match_the_general_route(monkeypatch, op, mode):
+  leaves, segments = _batch(6, 2_000, 80)
+  rng = np.random.default_rng(6)
+  for x in leaves:
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, 5)] = np.nan
+    flat[rng.integers(0, flat.size, 5)] = -np.inf
+  args = (leaves, 0.5)
+  kwargs = dict(segments=segments, num_systems=2_000, nonfinite=mode)
+  got = getattr(nk, op)(*args, **kwargs)
+  _assert_same_bits(got, _general(monkeypatch, op, *args, **kwargs))
+  if mode == "propagate":
+    assert np.isnan(got[1]).any(), "no system was poisoned"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_exact_ties_are_kept_bitwise(monkeypatch, op):
+  # Norm (and step norm) exactly 5 = the threshold: a near-tie settled exactly, kept (rule 3).
+  num_systems = 400
+  rng = np.random.default_rng(7)
+  ids = np.repeat(np.arange(num_systems), 2)
+  pos = (rng.standard_normal((ids.size, 3)) * 10).astype(np.float32)
+  tie_rows = np.flatnonzero(ids == 17)
+  pos[tie_rows] = [[3.0, 4.0, 0.0], [0.0, 0.0, 0.0]]
+  cell = np.zeros((num_systems, 3, 3), np.float32)
+  args = ([pos, cell], 5.0)
+  kwargs = dict(segments=[ids, np.arange(num_systems)], num_systems=num_systems)
+  got = getattr(nk, op)(*args, **kwargs)
+  np.testing.assert_array_equal(got[0][0][tie_rows].view(np.uint32), pos[tie_rows].view(np.uint32))
+  assert got[1][17] == np.float32(5.0)
+  _assert_same_bits(got, _general(monkeypatch, op, *args, **kwargs))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("where", ("start", "middle", "end"))
+def test_unsorted_ids_fall_back_with_the_same_bits(monkeypatch, op, where):
+  leaves, segments = _batch(8, 2_000, 80)
+  ids = segments[0].copy()
+  j = {"start": 0, "middle": ids.size // 2, "end": ids.size - 2}[where]
+  ids[j], ids[j + 1] = ids[j + 1], ids[j]
+  if ids[j] == ids[j + 1]:
+    ids[j + 1] = max(0, ids[j] - 1)
+  segments[0] = ids
+  kwargs = dict(segments=segments, num_systems=2_000)
+  _assert_same_bits(getattr(nk, op)(leaves, 1.0, **kwargs),
+                    _general(monkeypatch, op, leaves, 1.0, **kwargs))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("bad_id", (-1, 2_000, 10**9))
+@pytest.mark.parametrize("where", (0, 1, -1))
+def test_out_of_range_ids_raise_the_general_route_error(monkeypatch, op, bad_id, where):
+  leaves, segments = _batch(9, 2_000, 80)
+  segments[1] = segments[1].copy()
+  segments[1][where] = bad_id
+  kwargs = dict(segments=segments, num_systems=2_000)
+  with pytest.raises(ValueError, match=r"segments\[1\]: system id") as fused:
+    getattr(nk, op)(leaves, 1.0, **kwargs)
+  with pytest.raises(ValueError) as general:
+    _general(monkeypatch, op, leaves, 1.0, **kwargs)
+  assert str(fused.value) == str(general.value)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("seed,num_systems,mean_rows", [(10, 5, 300), (11, 2_000, 80)])
+def test_fused_sums_are_the_general_route_sums(op, seed, num_systems, mean_rows):
+  # The outputs hardly show a changed summation order (decisions are exact, factors keep 24
+  # bits), so rule 11's "same order" claim is checked on the sums themselves.
+  leaves, segments = _batch(seed, num_systems, mean_rows)
+  step = op == "clip_by_max_step"
+  sums = np.full(num_systems, np.nan)
+  assert nk._fused_run(leaves, 1.0, "max_norm", segments, num_systems, "propagate", step,
+                       sums=sums) is not None
+  _, segs, count, row_offsets = nk._validate(leaves, segments, num_systems, True)
+  prep = nk._Prepared(list(leaves), segs, row_offsets, count)
+  stats = (nk._step_stats(prep, False, False) if step else
+           nk._global_stats(prep, 2.0, False, False))
+  np.testing.assert_array_equal(sums.view(np.uint64), stats["s_hi"].view(np.uint64))
