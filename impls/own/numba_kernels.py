@@ -1272,8 +1272,9 @@ def _finalize_nb(s_hi, s_lo, sc_m, sc_e, rel_err, zero, nan, inf, c_m, c_e, c_in
 # order, inside the range's systems), sums the run's blocks with the same block function and
 # in the same order as the items kernel, finalizes the system and scales the run while it is
 # still in L1. The data is read from memory once instead of twice, the ids once instead of
-# in a separate scan, and no per-item arrays are built. Ties, ids that turn out unsorted or
-# out of range, and non-finite elements in zero mode leave the work to the general path.
+# in a separate scan, and no per-item arrays are built. Near-ties are settled exactly on the
+# host afterwards (``_fused_run``); ids that turn out unsorted or out of range, and
+# non-finite elements in zero mode, leave the whole call to the general path.
 FUSED_OK, FUSED_UNSORTED, FUSED_NONFINITE = 0, 1, 2
 _SEG_I64, _SEG_I32 = 0, 1
 _ptr_i32 = _pointer_intrinsic(types.int32)
@@ -1930,10 +1931,11 @@ def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_system
   status = [work(0)] + [f.result() for f in futures]
   if any(st != FUSED_OK for st in status):
     return None
-  for k in np.flatnonzero(tie).tolist():
+  ties = np.flatnonzero(tie).tolist()
+  flat = [(x.reshape(int(n), int(r)), out.reshape(int(n), int(r)))
+          for x, out, n, r in zip(leaves, outs, rows, rowsizes)] if ties else []
+  for k in ties:
     spans = [np.searchsorted(g, (k, k + 1)) for g in segments]
-    flat = [(x.reshape(int(n), int(r)), out.reshape(int(n), int(r)))
-            for x, out, n, r in zip(leaves, outs, rows, rowsizes)]
     values = [x[lo:hi].astype(np.float64) for (x, _), (lo, hi) in zip(flat, spans)]
     if step:
       values = [v.reshape(-1, int(d)) for v, d in zip(values, vecs)]
