@@ -178,3 +178,42 @@ def test_fused_rel_err_is_numerics_sum_rel_err():
   want = nk.numerics.sum_rel_err(counts.astype(np.float64), 0.0)
   got = np.array([nk._fused_rel_err(np.int64(n)) for n in counts.tolist()])
   np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+def _run_end_by_definition(ids, r, k):
+  """``_scan_run``'s rule, one id at a time: the first index >= r whose id is not k
+  (len(ids) if none), or -1 when that id is below k."""
+  e = r
+  while e < len(ids) and int(ids[e]) == k:
+    e += 1
+  return -1 if e < len(ids) and int(ids[e]) < k else e
+
+
+@pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
+def test_run_scan_follows_its_rule(id_dtype):
+  # Runs longer than a vector step, ending at every lane of a step, and unsorted ids.
+  run_end = nk.njit(lambda ids, r, k, code: nk._run_end(ids.ctypes.data, code, r, ids.size, k))
+  code = nk._SEG_CODE_OF[np.dtype(id_dtype)]
+  rng = np.random.default_rng(7)
+  for trial in range(400):
+    ids = np.repeat(np.arange(6), rng.integers(0, 3 * nk._RUN_LANES + 2, 6)).astype(id_dtype)
+    if trial % 3 == 0 and ids.size:
+      ids[rng.integers(0, ids.size, 2)] = rng.integers(0, 6, 2)
+    for r in range(0, ids.size + 1, 1 + trial % 5):
+      for k in range(-1, 7):
+        assert run_end(ids, r, k, code) == _run_end_by_definition(ids, r, k), (ids, r, k)
+
+
+def test_run_scan_of_int32_ids_never_wraps_a_large_k():
+  # Compared in int32 lanes, k = 2**32 + 5 would equal the ids 5: no run of it exists.
+  run_end = nk.njit(lambda ids, r, k: nk._run_end(ids.ctypes.data, nk._SEG_I32, r, ids.size, k))
+  ids = np.full(4 * nk._RUN_LANES, 5, dtype=np.int32)
+  assert run_end(ids, 0, 2**32 + 5) == -1
+  assert run_end(ids, 0, 5) == ids.size
+
+
+@pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
+def test_rows_below_counts_ids_below_k(id_dtype):
+  ids = np.repeat(np.array([0, 3, 2**31 - 1]), 4).astype(id_dtype)
+  for k in (0, 1, 3, 4, 2**31 - 1, 2**31, 2**40):
+    assert nk._rows_below(ids, k) == int(np.sum(ids.astype(np.int64) < k)), k
