@@ -208,14 +208,15 @@ _VF32 = ir.VectorType(ir.FloatType(), _NT_LANES)
 
 
 def _splat(value, ty):
-  return ir.Constant(ty, [value] * _NT_LANES)
+  """A constant vector of type ``ty`` with ``value`` in every lane."""
+  return ir.Constant(ty, [value] * ty.count)
 
 
 def _broadcast(builder, scalar, ty):
-  """A vector of ``_NT_LANES`` copies of an SSA scalar."""
+  """A vector of type ``ty`` with the SSA scalar in every lane."""
   undef = ir.Constant(ty, ir.Undefined)
   lane0 = builder.insert_element(undef, scalar, ir.Constant(ir.IntType(32), 0))
-  return builder.shuffle_vector(lane0, undef, _splat(0, _VI32))
+  return builder.shuffle_vector(lane0, undef, _splat(0, ir.VectorType(ir.IntType(32), ty.count)))
 
 
 def _nt_f32_loop_at(builder, args, body):
@@ -1296,10 +1297,7 @@ def _equal_prefix_intrinsic(bits):
       vec = ir.VectorType(elem, _RUN_LANES)
       ids = builder.load(builder.inttoptr(args[0], vec.as_pointer()), align=bits // 8)
       key = builder.trunc(args[1], elem) if bits < 64 else args[1]
-      undef = ir.Constant(vec, ir.Undefined)
-      keys = builder.shuffle_vector(
-          builder.insert_element(undef, key, ir.Constant(ir.IntType(32), 0)), undef,
-          ir.Constant(ir.VectorType(ir.IntType(32), _RUN_LANES), [0] * _RUN_LANES))
+      keys = _broadcast(builder, key, vec)
       differ = builder.bitcast(builder.icmp_unsigned("!=", ids, keys), ir.IntType(_RUN_LANES))
       mask = builder.or_(builder.zext(differ, i64), ir.Constant(i64, 1 << _RUN_LANES))
       cttz = builder.module.declare_intrinsic("llvm.cttz", [i64], ir.FunctionType(
