@@ -1987,6 +1987,15 @@ def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_system
   return outs, norms
 
 
+def _is_l2(norm_type: Any) -> bool:
+  """Whether ``norm_type`` is a valid p of 2 in any real type (2, 2.0, np.float32(2), ...);
+  an invalid one is left to the general route, which raises its error in rule order."""
+  try:
+    return numerics.check_norm_type(norm_type) == 2.0
+  except (TypeError, ValueError):
+    return False
+
+
 # ------------------------------------------------------------------------------- public API
 def _validate(leaves, segments, num_systems, per_system: bool):
   """Rules 9 and 13 before any work: leaves, then segments (range and sortedness scanned
@@ -2018,7 +2027,7 @@ def clip_by_global_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, segments
                         num_systems: Any = None, norm_type: Any = 2.0,
                         nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
   """Per-system p-norm clipping (numpy in, numpy out); see the module docstring."""
-  if type(norm_type) in (float, int) and norm_type == 2:
+  if _is_l2(norm_type):
     fused = _fused_run(leaves, max_norm, "max_norm", segments, num_systems, nonfinite, False)
     if fused is not None:
       return fused

@@ -76,15 +76,19 @@ def test_fused_route_gives_the_general_route_bits(monkeypatch, op, seed, num_sys
                                                                    **kwargs))
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_fused_route_is_taken_for_sorted_float32(monkeypatch, op):
+@pytest.mark.parametrize("op,norm_type", [
+    ("clip_by_max_step", None), ("clip_by_global_norm", None), ("clip_by_global_norm", 2),
+    ("clip_by_global_norm", 2.0), ("clip_by_global_norm", np.float32(2)),
+    ("clip_by_global_norm", np.int64(2))])
+def test_fused_route_is_taken_for_sorted_float32(monkeypatch, op, norm_type):
   leaves, segments = _batch(5, 3_000, 60)
 
   def general_path(*args, **kwargs):
     raise AssertionError("the general route ran")
 
   monkeypatch.setattr(nk, "_validate", general_path)
-  out, norms = getattr(nk, op)(leaves, 1.0, segments=segments, num_systems=3_000)
+  kwargs = {} if norm_type is None else {"norm_type": norm_type}
+  out, norms = getattr(nk, op)(leaves, 1.0, segments=segments, num_systems=3_000, **kwargs)
   assert norms.shape == (3_000,)
   assert any(np.count_nonzero(o != x) for o, x in zip(out, leaves)), "nothing was clipped"
 
