@@ -38,10 +38,12 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
 
 * **Fused route (sorted segments, float32, L2 and max-step).** The layout of batched
   simulations (each leaf's ids sorted, so every system is one run of rows per leaf, a few KB)
-  takes one pass per thread over a range of systems (``_fused_systems``): it scans each run's
-  ids (which validates them), sums the run with the same block function in the same block
-  order, finalizes the system (``_finalize_one``, which ``_finalize_nb`` also runs) and scales
-  the run while it is still in L1. The leaves come from memory once, not twice, and the ids
+  takes one pass over each chunk of contiguous systems (``_fused_systems``; the threads
+  claim chunks in turn with an atomic counter, so a vCPU the host slows does less of the
+  work instead of holding up the call): it scans each run's ids (which validates them),
+  sums the run with the same block function in the same block order, finalizes the system
+  (``_finalize_one``, which ``_finalize_nb`` also runs) and scales the run while it is still
+  in L1. The leaves come from memory once, not twice, and the ids
   are read in the same pass: W3 runs at about the roofline, which charges three passes. It
   gives the general route's bits (its sums are checked equal, not only its outputs); ties
   are settled exactly afterwards on the host; unsorted or out-of-range ids and non-finite
@@ -237,6 +239,18 @@ def _store_fence(typingctx):
         ir.VoidType(), []))
     builder.call(fence, [])
     return context.get_dummy_value()
+  return sig, codegen
+
+
+@intrinsic
+def _claim_next(typingctx, counter):
+  """An atomic fetch-and-add of 1 on ``counter[0]`` (an int64 array): the value before it.
+  Threads claiming work from one counter each get a different number."""
+  sig = types.int64(counter)
+
+  def codegen(context, builder, signature, args):
+    array = context.make_array(signature.args[0])(context, builder, args[0])
+    return builder.atomic_rmw("add", array.data, ir.Constant(ir.IntType(64), 1), "seq_cst")
   return sig, codegen
 
 
@@ -1266,16 +1280,16 @@ def _finalize_nb(s_hi, s_lo, sc_m, sc_e, rel_err, zero, nan, inf, c_m, c_e, c_in
 
 
 # --------------------------------------------------- fused pass over sorted segments
-# Sorted ids (the usual layout of batched simulations) put each system's rows of a leaf in
-# one run, and a system (W3: ~3 KB) fits in L1. One pass per thread over a range of systems
-# then does everything the separate passes do, system by system: it finds each run's end by
-# scanning the ids (which validates them: every row of the range must be consumed, in id
-# order, inside the range's systems), sums the run's blocks with the same block function and
-# in the same order as the items kernel, finalizes the system and scales the run while it is
-# still in L1. The data is read from memory once instead of twice, the ids once instead of
-# in a separate scan, and no per-item arrays are built. Near-ties are settled exactly on the
-# host afterwards (``_fused_run``); ids that turn out unsorted or out of range, and
-# non-finite elements in zero mode, leave the whole call to the general path.
+# Sorted ids (the usual layout of batched simulations) put each system's rows of a leaf in one
+# run, and a system (W3: ~3 KB) fits in L1. One pass over a chunk of systems (chunks claimed
+# by the threads in turn) then does everything the separate passes do, system by system: it
+# finds each run's end by scanning the ids (which validates them: every row of the chunk must
+# be consumed, in id order, inside the chunk's systems), sums the run's blocks with the same
+# block function and in the same order as the items kernel, finalizes the system and scales
+# the run while it is still in L1. The data is read from memory once instead of twice, the ids
+# once instead of in a separate scan, and no per-item arrays are built. Near-ties are settled
+# exactly on the host afterwards (``_fused_run``); ids that turn out unsorted or out of range,
+# and non-finite elements in zero mode, leave the whole call to the general path.
 FUSED_OK, FUSED_UNSORTED, FUSED_NONFINITE = 0, 1, 2
 _SEG_I64, _SEG_I32 = 0, 1
 _ptr_i32 = _pointer_intrinsic(types.int32)
@@ -1429,11 +1443,29 @@ def _fused_systems(k0, k1, rows0, rows1, addrs, out_addrs, sizes, rowsizes, vecs
         _apply_range(addrs[l], out_addrs[l], sizes[l], _F32, r * rowsizes[l],
                      (e - r) * rowsizes[l], table, act, sm, np.int64(se), sv, False, False)
       cur[l] = e
-  _store_fence()
   for l in range(nl):
     if cur[l] != rows1[l]:
       return FUSED_UNSORTED
   return FUSED_OK
+
+
+@njit(**_JIT)
+def _fused_claimed(counter, cuts, bounds, status, addrs, out_addrs, sizes, rowsizes, vecs,
+                   seg_addrs, seg_codes, c_m, c_e, c_inf, step, step_rel_err, zero_mode, table,
+                   sums, norms, action, s_m, s_e, tie):
+  """``_fused_systems`` over chunks t of systems [cuts[t], cuts[t + 1]) (rows
+  [bounds[t], bounds[t + 1])), each claimed from ``counter`` by whichever thread is free;
+  status[t] is the chunk's return value."""
+  parts = cuts.size - 1
+  while True:
+    t = _claim_next(counter)
+    if t >= parts:
+      _store_fence()  # once per thread, not per chunk: each fence costs ~2 us
+      return
+    status[t] = _fused_systems(cuts[t], cuts[t + 1], bounds[t], bounds[t + 1], addrs,
+                               out_addrs, sizes, rowsizes, vecs, seg_addrs, seg_codes, c_m,
+                               c_e, c_inf, step, step_rel_err, zero_mode, table, sums, norms,
+                               action, s_m, s_e, tie)
 
 
 # ----------------------------------------------------------------------------- thread pool
@@ -1450,6 +1482,16 @@ def _pool() -> ThreadPoolExecutor:
   if not _POOL:
     _POOL.append(ThreadPoolExecutor(max_workers=_WORKERS - 1, thread_name_prefix="clipbench"))
   return _POOL[0]
+
+
+# The fused route cuts its systems into chunks that the threads claim in turn: up to this
+# many per thread, each of at least _CHUNK_MIN_BYTES of leaves. Measured on W3 (one process,
+# calls alternated, 2,400-12,800 rounds): 16 per thread cost 0.6-2% of the median call
+# against one fixed share per thread, 64 cost 4-6% and 256 14-17% (each chunk restarts its
+# streams); in the rounds where fixed shares took over 1.4x the roofline, 16 per thread took
+# 1.08-1.13x (docs/cpu-kernels.md).
+_CHUNKS_PER_WORKER = 16
+_CHUNK_MIN_BYTES = 1 << 18
 
 
 def _parallel(kernel, weights: np.ndarray, *args) -> None:
@@ -1898,6 +1940,14 @@ def _rows_below(ids: np.ndarray, k: int) -> int:
   return int(np.searchsorted(ids, ids.dtype.type(k)))
 
 
+def _rows_below_each(ids: np.ndarray, ks: np.ndarray) -> np.ndarray:
+  """``_rows_below(ids, k)`` for each k of the int64 array ``ks``, in one search."""
+  limit = np.iinfo(ids.dtype).max
+  below = np.searchsorted(ids, np.minimum(ks, limit).astype(ids.dtype))
+  below[ks > limit] = ids.size
+  return below
+
+
 def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_systems: Any,
                nonfinite: Any, step: bool, sums: np.ndarray | None = None):
   """The fused route for one call (``_fused_systems``), or None when the call does not
@@ -1948,30 +1998,37 @@ def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_system
   s_m = np.empty(ns)
   s_e = np.empty(ns, dtype=np.int64)
   tie = np.empty(ns, dtype=np.bool_)
-  # Threads take contiguous ranges of systems, cut where the largest leaf's rows split
-  # evenly; each leaf's rows are cut at the same systems (a binary search, checked by the
-  # kernels: if the ids are not sorted, some range is not consumed exactly).
-  parts = min(_WORKERS, ns) if int(sizes.sum()) >= _PARALLEL_MIN else 1
+  # Chunks of contiguous systems, cut where the largest leaf's rows split evenly, which the
+  # threads claim in turn (a vCPU the host slows takes fewer of them instead of holding up
+  # the call); each leaf's rows are cut at the same systems (a binary search, checked by
+  # the kernels: if the ids are not sorted, some chunk is not consumed exactly).
+  total = int(sizes.sum())
+  parts = 1 if total < _PARALLEL_MIN else min(
+      ns, _WORKERS * _CHUNKS_PER_WORKER, max(_WORKERS, 4 * total // _CHUNK_MIN_BYTES))
   big = int(np.argmax(sizes))
-  cuts = [0]
-  for t in range(1, parts):
-    cuts.append(min(max(int(segments[big][rows[big] * t // parts]), cuts[-1]), ns))
-  cuts.append(ns)
+  cuts = np.empty(parts + 1, dtype=np.int64)
+  cuts[0], cuts[parts] = 0, ns
+  cuts[1:parts] = segments[big][rows[big] * np.arange(1, parts, dtype=np.int64) // parts]
+  np.maximum.accumulate(cuts, out=cuts)  # unchecked ids may go down or out of range
+  np.minimum(cuts, ns, out=cuts)
   bounds = np.empty((parts + 1, nl), dtype=np.int64)
-  bounds[0], bounds[parts] = 0, rows
-  for t in range(1, parts):
-    bounds[t] = [_rows_below(g, cuts[t]) for g in segments]
+  for l, g in enumerate(segments):
+    bounds[:, l] = _rows_below_each(g, cuts)
+  bounds[0], bounds[parts] = 0, rows  # every row is scanned, ids out of range included
   np.maximum.accumulate(bounds, axis=0, out=bounds)
+  status = np.full(parts, FUSED_OK, dtype=np.int64)
+  counter = np.zeros(1, dtype=np.int64)
 
-  def work(t):
-    return _fused_systems(cuts[t], cuts[t + 1], bounds[t], bounds[t + 1], addrs, out_addrs,
-                          sizes, rowsizes, vecs, seg_addrs, seg_codes, c_m, c_e, c_inf, step,
-                          step_rel_err, zero_mode, _F16_TABLE, sums, norms, action, s_m, s_e,
-                          tie)
+  def work():
+    _fused_claimed(counter, cuts, bounds, status, addrs, out_addrs, sizes, rowsizes, vecs,
+                   seg_addrs, seg_codes, c_m, c_e, c_inf, step, step_rel_err, zero_mode,
+                   _F16_TABLE, sums, norms, action, s_m, s_e, tie)
 
-  futures = [_pool().submit(work, t) for t in range(1, parts)]
-  status = [work(0)] + [f.result() for f in futures]
-  if any(st != FUSED_OK for st in status):
+  futures = [_pool().submit(work) for _ in range(min(_WORKERS, parts) - 1)]
+  work()
+  for f in futures:
+    f.result()
+  if np.any(status != FUSED_OK):
     return None
   ties = np.flatnonzero(tie).tolist()
   flat = [(x.reshape(int(n), int(r)), out.reshape(int(n), int(r)))

@@ -1,8 +1,8 @@
 """The numba kernels' fused route for sorted segments against their general route.
 
-Per-system calls on float32 leaves with sorted int32/int64 ids take one fused pass per thread
-(``numba_kernels._fused_systems``): ids scanned, squares summed, systems finalized and scaled
-while in cache. It must give the bits of the general route (separate scan, items, combine,
+Per-system calls on float32 leaves with sorted int32/int64 ids take one fused pass over each
+chunk of systems (``numba_kernels._fused_systems``; the threads claim the chunks in turn): ids
+scanned, squares summed, systems finalized and scaled while in cache. It must give the bits of the general route (separate scan, items, combine,
 finalize and apply kernels) on every input, hand back what it does not handle (unsorted or
 out-of-range ids, non-finite elements in zero mode) and raise the general route's errors.
 The general route is forced by disabling the fused one (``_fused_run`` returning None).
@@ -221,3 +221,94 @@ def test_rows_below_counts_ids_below_k(id_dtype):
   ids = np.repeat(np.array([0, 3, 2**31 - 1]), 4).astype(id_dtype)
   for k in (0, 1, 3, 4, 2**31 - 1, 2**31, 2**40):
     assert nk._rows_below(ids, k) == int(np.sum(ids.astype(np.int64) < k)), k
+
+
+@pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
+def test_rows_below_each_is_rows_below_for_every_key(id_dtype):
+  ids = np.repeat(np.array([0, 3, 2**31 - 1]), 4).astype(id_dtype)
+  keys = np.array([0, 1, 3, 4, 2**31 - 1, 2**31, 2**40], dtype=np.int64)
+  got = nk._rows_below_each(ids, keys)
+  assert got.tolist() == [nk._rows_below(ids, int(k)) for k in keys]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("chunks", ("one", "some", "one per system"))
+def test_chunking_never_changes_bits(monkeypatch, op, chunks):
+  # Which systems share a chunk, and which thread claims it, must not show in any bit: the
+  # outputs, the norms and the sums equal the general route's however the systems are cut.
+  num_systems = 300
+  leaves, segments = _batch(12, num_systems, 40)
+  monkeypatch.setattr(nk, "_PARALLEL_MIN", 1)
+  monkeypatch.setattr(nk, "_CHUNK_MIN_BYTES", 1)
+  monkeypatch.setattr(nk, "_CHUNKS_PER_WORKER",
+                      {"one": 1, "some": 5, "one per system": num_systems}[chunks])
+  if chunks == "one":
+    monkeypatch.setattr(nk, "_WORKERS", 1)
+  step = op == "clip_by_max_step"
+  sums = np.full(num_systems, np.nan)
+  got = nk._fused_run(leaves, 1.0, "max_norm", segments, num_systems, "propagate", step,
+                      sums=sums)
+  assert got is not None
+  _, segs, count, row_offsets = nk._validate(leaves, segments, num_systems, True)
+  prep = nk._Prepared(list(leaves), segs, row_offsets, count)
+  stats = (nk._step_stats(prep, False, False) if step else
+           nk._global_stats(prep, 2.0, False, False))
+  np.testing.assert_array_equal(sums.view(np.uint64), stats["s_hi"].view(np.uint64))
+  kwargs = dict(segments=segments, num_systems=num_systems)
+  _assert_same_bits(got, _general(monkeypatch, op, leaves, 1.0, **kwargs))
+  # Unsorted and out-of-range ids are caught in whichever chunk they fall.
+  for j in (0, segments[0].size // 2, segments[0].size - 2):
+    bad = [g.copy() for g in segments]
+    bad[0][j], bad[0][j + 1] = bad[0][j + 1] + 1, bad[0][j]
+    assert nk._fused_run(leaves, 1.0, "max_norm", bad, num_systems, "propagate", step) is None
+  for bad_id in (-1, num_systems):
+    for j in (0, segments[1].size // 2, -1):
+      bad = [g.copy() for g in segments]
+      bad[1][j] = bad_id
+      assert nk._fused_run(leaves, 1.0, "max_norm", bad, num_systems, "propagate",
+                           step) is None, (bad_id, j)
+
+
+def test_claims_give_every_number_to_exactly_one_thread():
+  # The chunk counter's fetch-and-add must be atomic: two threads claiming as fast as they
+  # can from one counter must never both get a number (a plain load, add and store would).
+  # Long enough (tens of ms) for the threads to overlap however late the second one starts.
+  import threading  # pylint: disable=import-outside-toplevel
+
+  @nk.njit(nogil=True)
+  def claim_all(counter, limit):
+    n = 0
+    total = 0
+    while True:
+      t = nk._claim_next(counter)
+      if t >= limit:
+        return n, total
+      n += 1
+      total += t
+
+  limit = 20_000_000
+  claim_all(np.zeros(1, dtype=np.int64), 1)  # compiled before the race
+
+  def race():
+    counter = np.zeros(1, dtype=np.int64)
+    barrier = threading.Barrier(2)
+    results = [(0, 0), (0, 0)]
+
+    def run(i):
+      barrier.wait()
+      results[i] = claim_all(counter, limit)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    return results
+
+  for _ in range(5):  # a busy machine may run one thread to the end before the other starts
+    results = race()
+    if min(n for n, _ in results) > 0:
+      break
+  assert min(n for n, _ in results) > 0, f"the threads never overlapped: {results}"
+  assert sum(n for n, _ in results) == limit
+  assert sum(total for _, total in results) == limit * (limit - 1) // 2
