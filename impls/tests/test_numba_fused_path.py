@@ -2,13 +2,16 @@
 
 Per-system calls on float32 leaves with sorted int32/int64 ids take one fused pass over each
 chunk of systems (``numba_kernels._fused_systems``; the threads claim the chunks in turn): ids
-scanned, squares summed, systems finalized and scaled while in cache. It must give the bits of the general route (separate scan, items, combine,
-finalize and apply kernels) on every input, hand back what it does not handle (unsorted or
+scanned, squares summed, systems finalized and scaled while in cache. It must give the bits of
+the general route (separate scan, items, combine, finalize and apply kernels) on every input,
+however the systems are cut into chunks, hand back what it does not handle (unsorted or
 out-of-range ids, non-finite elements in zero mode) and raise the general route's errors.
 The general route is forced by disabling the fused one (``_fused_run`` returning None).
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
@@ -272,9 +275,6 @@ def test_chunking_never_changes_bits(monkeypatch, op, chunks):
 def test_claims_give_every_number_to_exactly_one_thread():
   # The chunk counter's fetch-and-add must be atomic: two threads claiming as fast as they
   # can from one counter must never both get a number (a plain load, add and store would).
-  # Long enough (tens of ms) for the threads to overlap however late the second one starts.
-  import threading  # pylint: disable=import-outside-toplevel
-
   @nk.njit(nogil=True)
   def claim_all(counter, limit):
     n = 0
