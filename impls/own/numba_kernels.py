@@ -43,11 +43,11 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   work instead of holding up the call): it scans each run's ids (which validates them),
   sums the run with the same block function in the same block order, finalizes the system
   (``_finalize_one``, which ``_finalize_nb`` also runs) and scales the run while it is still
-  in L1. The leaves come from memory once, not twice, and the ids
-  are read in the same pass: W3 runs at about the roofline, which charges three passes. It
-  gives the general route's bits (its sums are checked equal, not only its outputs); ties
-  are settled exactly afterwards on the host; unsorted or out-of-range ids and non-finite
-  elements in zero mode hand the call to the general route, which raises the same errors.
+  in L1. The leaves come from memory once, not twice, and the ids are read in the same pass:
+  W3 runs at about the roofline, which charges three passes. It gives the general route's
+  bits (its sums are checked equal, not only its outputs); ties are settled exactly
+  afterwards on the host; unsorted or out-of-range ids and non-finite elements in zero mode
+  hand the call to the general route, which raises the same errors.
 
 Execution: validation (rules 6, 9, 10, 13) runs before any other kernel; its one pass over
 each segment array also records the system row offsets of sorted ids. Kernels are serial,
@@ -1931,21 +1931,20 @@ def _apply(prep: _Prepared, action, s_m, s_e, s_val, zero_sys, precise) -> list[
 _SEG_CODE_OF = {np.dtype(np.int64): _SEG_I64, np.dtype(np.int32): _SEG_I32}
 
 
-def _rows_below(ids: np.ndarray, k: int) -> int:
-  """How many of the sorted ``ids`` are below system ``k``. The key is given in the ids'
-  own dtype: a Python int against int32 ids makes NumPy cast the whole array first (7.8 ms
-  for W3's 5.1M ids, more than the kernel's whole pass)."""
-  if k > np.iinfo(ids.dtype).max:
-    return int(ids.size)
-  return int(np.searchsorted(ids, ids.dtype.type(k)))
-
-
 def _rows_below_each(ids: np.ndarray, ks: np.ndarray) -> np.ndarray:
-  """``_rows_below(ids, k)`` for each k of the int64 array ``ks``, in one search."""
+  """How many of the sorted ``ids`` are below system k, for each k of the int64 array ``ks``,
+  in one search. The keys are given in the ids' own dtype: Python ints or int64 keys against
+  int32 ids make NumPy cast the whole id array first (7.8 ms for W3's 5.1M ids, more than
+  the kernel's whole pass)."""
   limit = np.iinfo(ids.dtype).max
   below = np.searchsorted(ids, np.minimum(ks, limit).astype(ids.dtype))
   below[ks > limit] = ids.size
   return below
+
+
+def _rows_below(ids: np.ndarray, k: int) -> int:
+  """``_rows_below_each`` for one system ``k``."""
+  return int(_rows_below_each(ids, np.array([k], dtype=np.int64))[0])
 
 
 def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_systems: Any,
