@@ -247,7 +247,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _ops(text: str | None) -> list[str]:
   if not text:
     return []
-  from clipbench.impls.capabilities import OPS
+  from clipbench.protocol import OPS
   ops = [op.strip() for op in text.split(",") if op.strip()]
   unknown = [op for op in ops if op not in OPS]
   if unknown or not ops:

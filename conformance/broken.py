@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from clipbench import reference
-from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+from clipbench.protocol import ANY_NORM_TYPE, Capabilities
 
 _CAPS = Capabilities(per_system=True, per_system_max=True, norm_types=ANY_NORM_TYPE,
                      nonfinite=("propagate", "zero"))

@@ -29,7 +29,7 @@ from clipbench.conformance import manifest, reproducer, results
 from clipbench.conformance.cases import Inputs
 from clipbench.conformance.rules import Finding
 from clipbench.impls import registry
-from clipbench.impls.capabilities import OPS
+from clipbench.protocol import OPS
 
 # The ci profile does not shrink: a known deviation fails on every run, and shrinking it
 # costs minutes; the failing example is still printed with its reproducer.

@@ -3,7 +3,7 @@
 An implementation is any object (a module, an instance) with a ``framework`` attribute
 (``"numpy"``, ``"jax"``, ``"torch"`` or ``"tensorflow"``) and any subset of the canonical
 functions ``clip_by_global_norm``, ``clip_by_max_step`` and ``clip_grad_norm``. It may also
-declare ``capabilities`` (see :mod:`clipbench.impls.capabilities`), ``version`` and ``library``.
+declare ``capabilities`` (see :mod:`clipbench.protocol`), ``version`` and ``library``.
 Nothing of clipbench needs importing to write one.
 
 A missing library makes its implementations *unavailable* (with the reason), never a crash.
@@ -17,7 +17,7 @@ import importlib.metadata
 import traceback
 from typing import Any, Callable, Iterable
 
-from clipbench.impls.capabilities import FRAMEWORKS, OPS, Capabilities, as_capabilities
+from clipbench.protocol import FRAMEWORKS, OPS, Capabilities, as_capabilities
 
 ENTRY_POINT_GROUP = "clipbench.impls"
 

@@ -4,7 +4,7 @@ Functions are named exactly like the canonical API (as ``jax._src.lax_reference`
 functions like the primitives) and work on numpy arrays; see ``SPEC.md`` beside this file.
 """
 
-from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+from clipbench.protocol import ANY_NORM_TYPE, Capabilities
 from clipbench.reference.clipping import (clip_by_global_norm, clip_by_max_step, clip_grad_norm,
                                           norm_format, system_norm, system_step_norm)
 from clipbench.reference.norms import ExactNorm, largest_scale_within

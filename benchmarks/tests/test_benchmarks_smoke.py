@@ -333,7 +333,7 @@ def _declared(name: str) -> Any:
   available, framework, ops, caps = json.loads(out.stdout.strip().splitlines()[-1])
   if not available:
     return None
-  from clipbench.impls.capabilities import as_capabilities
+  from clipbench.protocol import as_capabilities
   obj = types.SimpleNamespace(**{op: (lambda *a, **k: None) for op in ops})
   return dataclasses.replace(impl, available=True, obj=obj, framework=framework,
                              capabilities=as_capabilities(caps))

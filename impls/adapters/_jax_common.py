@@ -14,7 +14,7 @@ from typing import Sequence
 
 import jax
 
-from clipbench.impls.capabilities import DTYPES
+from clipbench.protocol import DTYPES
 
 # Every wrapped function is plain JAX code; each adapter's module docstring records the check
 # that jit, vmap and grad run through it as its users would call it.

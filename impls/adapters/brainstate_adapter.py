@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import brainstate
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+from clipbench.protocol import ANY_NORM_TYPE, Capabilities
 
 _LIBRARY = "brainstate.nn.clip_grad_norm"
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from clipbench.impls import frameworks
-from clipbench.impls.capabilities import Capabilities
+from clipbench.protocol import Capabilities
 
 from declearn.model.sklearn import NumpyVector  # pylint: disable=g-bad-import-order
 from declearn.optimizer.modules import L2GlobalClipping

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from jax_privacy import clipping
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.impls.capabilities import Capabilities
+from clipbench.protocol import Capabilities
 
 _LIBRARY = "jax_privacy.clipping.clip_pytree"
 

@@ -34,7 +34,7 @@ from kups.core.data.index import Index
 from kups.relaxation import transforms
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.impls.capabilities import Capabilities
+from clipbench.protocol import Capabilities
 
 
 def _capabilities() -> Capabilities:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import optax
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.impls.capabilities import Capabilities
+from clipbench.protocol import Capabilities
 
 _LIBRARY = "optax.clip_by_global_norm"
 

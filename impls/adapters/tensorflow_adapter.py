@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from clipbench.impls import frameworks
-from clipbench.impls.capabilities import Capabilities
+from clipbench.protocol import Capabilities
 
 tf = frameworks.import_tensorflow()
 

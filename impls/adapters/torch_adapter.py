@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from clipbench.impls import frameworks
-from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+from clipbench.protocol import ANY_NORM_TYPE, Capabilities
 
 # torch accepts any float p (it does not reject p < 1), all four float dtypes and mixtures of
 # them (grouped per dtype, the per-tensor norms promoted when stacked), and mutates the

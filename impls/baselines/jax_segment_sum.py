@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.impls.capabilities import Capabilities
+from clipbench.protocol import Capabilities
 
 framework = "jax"
 library = "jax"

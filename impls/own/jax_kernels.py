@@ -23,7 +23,7 @@ Numerical design (SPEC rules 3-5 and 11 by construction, not by XLA's choices):
   inside the error bound), a smaller one keeps them exactly, so the bits never depend on which
   pass the batch selected. Float64 leaves (x64 on) take a slower path: integer keys for maxima,
   Dekker two-products, double-double ``exp``/``log`` for non-integer p, four grids.
-* **Decision and factor**: ``numerics.finalize`` (shared with the numba kernels): double-double
+* **Decision and factor**: ``decision.finalize`` (shared with the numba kernels): double-double
   root, threshold against an interval around the norm; a near-tie is settled exactly on the
   host by a ``jax.pure_callback`` under ``lax.cond`` (only when one exists; integer arithmetic,
   since the callback thread flushes subnormals too). The factor is the largest s with
@@ -57,8 +57,8 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from clipbench.impls.capabilities import ANY_NORM_TYPE, DTYPES, Capabilities
-from clipbench.impls.own import numerics
+from clipbench.protocol import ANY_NORM_TYPE, DTYPES, Capabilities
+from clipbench.impls.own import decision, double_double, exact, validation
 
 framework = "jax"
 version = jax.__version__
@@ -312,14 +312,14 @@ def _terms(frac, e, k_sys, mx_frac, p: float, precise: bool):
     a = jnp.where(e - k_sys < -1000, 0.0, a)
     if precise:
       lo = (frac - q * mx_frac) / mx_frac  # not needed to be exact: bounded below
-      return list(numerics.dd_pow(jnp, jnp.where(a > 0, a, 1.0), lo * 0.0, p)), True
+      return list(double_double.dd_pow(jnp, jnp.where(a > 0, a, 1.0), lo * 0.0, p)), True
     return [jnp.where(a > 0, a ** p, 0.0)], True
   if p == 1.0:
     return [a], False
   if p == 2.0:
     if not precise:
       return [a * a], False  # exact: at most 24 significant bits squared
-    hi, lo = numerics.two_prod(jnp, a, a)
+    hi, lo = double_double.two_prod(jnp, a, a)
     return [hi, lo], False
   if float(p).is_integer() and p <= 64:
     if not precise:
@@ -327,25 +327,25 @@ def _terms(frac, e, k_sys, mx_frac, p: float, precise: bool):
       for _ in range(int(p) - 2):
         t = t * a
       return [t], False
-    hi, lo = numerics.dd_int_power(jnp, a, int(p))
+    hi, lo = double_double.dd_int_power(jnp, a, int(p))
     return [hi, lo], False
   safe = jnp.where(a > 0, a, 1.0)
   if precise:
-    hi, lo = numerics.dd_pow(jnp, safe, jnp.zeros_like(safe), p)
+    hi, lo = double_double.dd_pow(jnp, safe, jnp.zeros_like(safe), p)
     return [jnp.where(a > 0, hi, 0.0), jnp.where(a > 0, lo, 0.0)], False
   return [jnp.where(a > 0, safe ** p, 0.0)], False
 
 
 def _term_error(p: float, precise: bool, divided: bool) -> float:
   if divided:
-    err = (numerics.DD_POW_REL_ERR if precise else numerics.POW_REL_ERR) + p * 1.01 * \
-        numerics.U64
+    err = (double_double.DD_POW_REL_ERR if precise else decision.POW_REL_ERR) + p * 1.01 * \
+        decision.U64
     return err * (2.0 if precise else 1.0)
   if p in (1.0, 2.0):
     return 0.0
   if float(p).is_integer() and p <= 64:
-    return 2.0 ** -100 * p if precise else (p - 1) * 1.01 * numerics.U64
-  return numerics.DD_POW_REL_ERR if precise else numerics.POW_REL_ERR
+    return 2.0 ** -100 * p if precise else (p - 1) * 1.01 * decision.U64
+  return double_double.DD_POW_REL_ERR if precise else decision.POW_REL_ERR
 
 
 # ----------------------------------------------- fast path: no float64 leaf (32-bit ints)
@@ -527,8 +527,8 @@ def _fast_global_stats(leaves, systems: _Systems, p: float, zero_mode: bool):
   use3 = big_l > 25
   third = jnp.where(use3, sums[2], 0.0) if folds == 3 else 0.0
   last = jnp.where(use3, log_g[2], log_g[1]) if folds == 3 else log_g[1]
-  s_hi, s_lo = numerics.two_sum(jnp, sums[0], sums[1])
-  s_hi, s_lo = numerics.fast_two_sum(jnp, s_hi, s_lo + third)
+  s_hi, s_lo = double_double.two_sum(jnp, sums[0], sums[1])
+  s_hi, s_lo = double_double.fast_two_sum(jnp, s_hi, s_lo + third)
   trunc = count.astype(jnp.float64) * _pow2(last) * 0.5
   safe = jnp.where(s_hi > 0, s_hi, 1.0)
   # Dropped subnormals: each below (2**-126 / max)**p of the largest term.
@@ -596,7 +596,7 @@ def _fast_step_stats(leaves, systems: _Systems, zero_mode: bool):
     best = jnp.maximum(best, systems.row_reduce(jnp.max(sq, axis=1), i, "max"))
     hn, hi = _system_flags(nan.reshape(rows, -1), nonfinite.reshape(rows, -1), systems, i)
     has_nan, has_inf = has_nan | hn, has_inf | (hi & ~hn)
-  rel = float(numerics.sum_rel_err(max_d, 0.0)) + 2.0 ** -100
+  rel = float(decision.sum_rel_err(max_d, 0.0)) + 2.0 ** -100
   zero = best == 0
   return dict(s_hi=best, s_lo=jnp.zeros(s), sc_m=jnp.full(s, 0.5), sc_e=jnp.ones(s, jnp.int32),
               rel_err=jnp.full(s, rel), zero=zero, nan=has_nan, inf=has_inf)
@@ -638,8 +638,8 @@ def _fast_apply_leaf(x, act, s_val, zero_mode: bool):
     scaled = h.astype(jnp.uint16) | sign
     nan_bits = jnp.uint16(0x7E00)
     zero_bits = jnp.uint16(0)
-  out = jnp.where(act == numerics.KEEP, bits, scaled)
-  out = jnp.where(act == numerics.NAN_FILL, nan_bits, out)
+  out = jnp.where(act == decision.KEEP, bits, scaled)
+  out = jnp.where(act == decision.NAN_FILL, nan_bits, out)
   if zero_mode:
     out = jnp.where(nonfinite, zero_bits, out)
   return lax.bitcast_convert_type(out, x.dtype)
@@ -712,10 +712,10 @@ def _global_stats(leaves, fmts, systems: _Systems, p: float, zero_mode: bool, pr
     last = jnp.where(use3, log_g[2], log_g[1])
   else:
     last = log_g[3]
-  s_hi, s_lo = numerics.two_sum(jnp, sums[0], sums[1])
+  s_hi, s_lo = double_double.two_sum(jnp, sums[0], sums[1])
   for extra in sums[2:]:
     s_lo = s_lo + extra  # tiny pieces; their rounding is covered by the 2**-100 below
-  s_hi, s_lo = numerics.fast_two_sum(jnp, s_hi, s_lo)
+  s_hi, s_lo = double_double.fast_two_sum(jnp, s_hi, s_lo)
   # |S - S_hat| <= n * g_last / 2 (truncation) + the term errors; S_hat >= max term >= 2**-2p.
   trunc = count.astype(jnp.float64) * _pow2(last) * 0.5 + count * 2.0 ** -1000
   safe = jnp.where(s_hi > 0, s_hi, 1.0)
@@ -750,7 +750,7 @@ def _pairwise_dd_sum_last(hi, lo):
     lo = jnp.concatenate([lo, pad], axis=-1)
   while hi.shape[-1] > 1:
     h = hi.shape[-1] // 2
-    s, e = numerics.two_sum(jnp, hi[..., :h], hi[..., h:])
+    s, e = double_double.two_sum(jnp, hi[..., :h], hi[..., h:])
     hi, lo = s, e + (lo[..., :h] + lo[..., h:])
   return hi[..., 0], lo[..., 0]
 
@@ -782,9 +782,9 @@ def _step_stats(leaves, fmts, systems: _Systems, zero_mode: bool, precise: bool)
     a = frac * _pow2(e - ve[..., None] - 1)
     a = jnp.where(zz | nonfinite | (e - ve[..., None] - 1 < -1000), 0.0, a)
     if precise:
-      t_hi, t_lo = numerics.two_prod(jnp, a, a)
+      t_hi, t_lo = double_double.two_prod(jnp, a, a)
       v_hi, v_lo = _pairwise_dd_sum_last(t_hi, t_lo)
-      v_hi, v_lo = numerics.fast_two_sum(jnp, v_hi, v_lo)
+      v_hi, v_lo = double_double.fast_two_sum(jnp, v_hi, v_lo)
     else:
       v_hi = _pairwise_sum_last(a * a)
       v_lo = jnp.zeros_like(v_hi)
@@ -821,7 +821,7 @@ def _step_stats(leaves, fmts, systems: _Systems, zero_mode: bool, precise: bool)
   k = jnp.floor_divide(tot_e, 2)
   s_hi = jnp.where(zero, 0.0, frac * _pow2(tot_e - 2 * k))
   s_lo = s_hi * best_rel
-  rel = float(numerics.sum_rel_err(max_d, 0.0, dd=precise)) + 2.0 ** -100
+  rel = float(decision.sum_rel_err(max_d, 0.0, dd=precise)) + 2.0 ** -100
   return dict(s_hi=s_hi, s_lo=s_lo, sc_m=jnp.full(s, 0.5), sc_e=jnp.where(zero, 1, k + 1),
               rel_err=jnp.full(s, rel), zero=zero, nan=has_nan, inf=has_inf)
 
@@ -848,13 +848,13 @@ def _host_ties(cfg, tie, c_bits, segs, *leaf_bits):
   decoded = []
   for bits, dt in zip(leaf_bits, dtypes):
     bits = np.asarray(bits)
-    m, e = numerics.magnitudes_from_bits(bits, _LAYOUTS[np.dtype(dt)])
+    m, e = exact.magnitudes_from_bits(bits, _LAYOUTS[np.dtype(dt)])
     nrows = bits.shape[0] if bits.ndim else 1
     d = bits.shape[-1] if (op == "step" and bits.ndim >= 2) else 1
     shape = (nrows, math.prod(bits.shape[1:]) // d if bits.ndim else 1, d)
     decoded.append((m.reshape(shape), e.reshape(shape)))
   for k in np.flatnonzero(tie).tolist():
-    c_k = numerics.fraction_of_bits(int(c_words[k]))
+    c_k = exact.fraction_of_bits(int(c_words[k]))
     ms, es = [], []
     for i, (m, e) in enumerate(decoded):
       if seg_list is not None:
@@ -862,11 +862,11 @@ def _host_ties(cfg, tie, c_bits, segs, *leaf_bits):
       ms.append(m)
       es.append(e)
     if op == "step":
-      signs = [numerics.exact_step_compare(m.reshape(-1, m.shape[-1]), e.reshape(-1, m.shape[-1]),
+      signs = [exact.exact_step_compare(m.reshape(-1, m.shape[-1]), e.reshape(-1, m.shape[-1]),
                                            c_k) for m, e in zip(ms, es) if m.size]
       cmp = max(signs, default=-1)
     else:
-      cmp = numerics.exact_compare(np.concatenate([m.ravel() for m in ms]) if ms else
+      cmp = exact.exact_compare(np.concatenate([m.ravel() for m in ms]) if ms else
                                    np.zeros(0, np.int64),
                                    np.concatenate([e.ravel() for e in es]) if es else
                                    np.zeros(0, np.int64), p, c_k)
@@ -902,7 +902,7 @@ def _resolve_ties(cfg, tie, action, c_m, c_e, leaves, segs):
     res = jax.pure_callback(
         functools.partial(_host_ties, cfg), jax.ShapeDtypeStruct((num_systems,), jnp.int8),
         tie, c_bits, segs, *leaf_bits, vmap_method="sequential")
-    decided = jnp.where(res > 0, jnp.int8(numerics.SCALE), jnp.int8(numerics.KEEP))
+    decided = jnp.where(res > 0, jnp.int8(decision.SCALE), jnp.int8(decision.KEEP))
     return jnp.where(tie, decided, action)
 
   return lax.cond(jnp.any(tie), call, lambda: action)
@@ -914,7 +914,7 @@ def _apply_leaf(x, fmt: _Fmt, act, s_m, s_e, zero_mode: bool, precise: bool):
   key, frac, e, zz, nonfinite, nan, neg = _decode(x, fmt)
   bits = _bits_of(x, fmt)
   if precise:
-    p_hi, p_lo = numerics.two_prod(jnp, frac, s_m)
+    p_hi, p_lo = double_double.two_prod(jnp, frac, s_m)
   else:
     p_hi, p_lo = frac * s_m, jnp.zeros_like(frac)  # exact: <= 24 x 29 bits
   scaled = _rtz_bits(p_hi, p_lo, e + s_e, fmt)
@@ -922,8 +922,8 @@ def _apply_leaf(x, fmt: _Fmt, act, s_m, s_e, zero_mode: bool, precise: bool):
   scaled = lax.convert_element_type(scaled, fmt.udtype)
   nan_bits = {16: 0x7E00 if fmt.mbits == 10 else 0x7FC0, 32: 0x7FC00000,
               64: 0x7FF8000000000000}[fmt.nbits]
-  out = jnp.where(act == numerics.KEEP, bits, scaled)
-  out = jnp.where(act == numerics.NAN_FILL, jnp.asarray(nan_bits, fmt.udtype), out)
+  out = jnp.where(act == decision.KEEP, bits, scaled)
+  out = jnp.where(act == decision.NAN_FILL, jnp.asarray(nan_bits, fmt.udtype), out)
   if zero_mode:
     out = jnp.where(nonfinite, jnp.asarray(0, fmt.udtype), out)
   return lax.bitcast_convert_type(out, x.dtype)
@@ -945,7 +945,7 @@ def _forward(cfg, leaves, segs, counts, c_m, c_e, c_inf):
     p_eff = p
   nan = st["nan"] & (not zero_mode)
   inf = st["inf"] & ~nan & (not zero_mode)
-  norm_v, action, s_m, s_e, tie = numerics.finalize(
+  norm_v, action, s_m, s_e, tie = decision.finalize(
       jnp, s_hi=st["s_hi"], s_lo=st["s_lo"], sc_m=st["sc_m"], sc_e=st["sc_e"],
       rel_err=st["rel_err"], zero=st["zero"], nan=nan, inf=inf, c_m=c_m, c_e=c_e,
       c_inf=c_inf, p=p_eff, precise=precise)
@@ -996,7 +996,7 @@ def _clip_jvp(cfg, primals, tangents):
   t_leaves = tangents[0]
   outs, norms, action, s_m, s_e, st = _forward(cfg, leaves, segs, counts, c_m, c_e, c_inf)
   systems = _Systems(segs, num_systems, sorted_flags, counts)
-  clipped = action == numerics.SCALE
+  clipped = action == decision.SCALE
   s_val = jnp.where(clipped, s_m * _pow2(s_e), 0.0)
   exact_p = op != "step" and not math.isinf(p)
   k_sys = st["sc_e"] - 1  # terms were scaled by 2**k (exact power of two)
@@ -1024,7 +1024,7 @@ def _clip_jvp(cfg, primals, tangents):
     xr = _rows(x)
     tr = _rows(t)
     rows = xr.shape[0]
-    keep_row = systems.per_row(action == numerics.KEEP, i, rows)[:, None]
+    keep_row = systems.per_row(action == decision.KEEP, i, rows)[:, None]
     s_row = systems.per_row(s_val, i, rows)[:, None]
     scaled = tr.astype(jnp.float64) * s_row
     if exact_p:
@@ -1053,11 +1053,11 @@ def _concrete(a) -> bool:
 
 def _check(leaves, segments, num_systems, per_system: bool):
   """Rules 9 and 13 on what is concrete; returns (leaves, segs, count, sorted flags)."""
-  leaves = numerics.check_leaves(leaves, _is_array)
+  leaves = validation.check_leaves(leaves, _is_array)
   leaves = [jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in leaves]
   if not per_system:
     return leaves, (None, None), 1, ()
-  count = numerics.check_num_systems(segments, num_systems, len(leaves))
+  count = validation.check_num_systems(segments, num_systems, len(leaves))
   if count is None:
     return leaves, (None, None), 1, ()
   segs, flags = [], []
@@ -1065,13 +1065,13 @@ def _check(leaves, segments, num_systems, per_system: bool):
   for i, (leaf, seg) in enumerate(zip(leaves, segments)):
     if not _is_array(seg):
       seg = np.asarray(seg)
-    numerics.check_segment(i, tuple(leaf.shape), tuple(seg.shape), seg.dtype)
+    validation.check_segment(i, tuple(leaf.shape), tuple(seg.shape), seg.dtype)
     is_sorted = False
     if _concrete(seg):
       host = np.asarray(seg)
       if host.size:
         lo, hi = int(host.min()), int(host.max())
-        numerics.check_segment_range(i, lo, hi, count, host if (lo < 0 or hi >= count)
+        validation.check_segment_range(i, lo, hi, count, host if (lo < 0 or hi >= count)
                                      else None)
         is_sorted = bool(np.all(host[1:] >= host[:-1]))
         if counts is not None:
@@ -1099,9 +1099,9 @@ def _threshold(value, name: str, count: int | None):
       return jnp.where(zero | c_inf, 0.0, frac * 0.5), jnp.where(zero, 0, e + 1), c_inf
   if _is_array(value) and not isinstance(value, np.ndarray):
     value = np.asarray(value)
-  c = numerics.check_threshold(value, name, count)
+  c = validation.check_threshold(value, name, count)
   c = np.broadcast_to(np.asarray(c, dtype=np.float64), (s,))
-  c_m, c_e, c_inf = numerics.exact_frexp(c)
+  c_m, c_e, c_inf = exact.exact_frexp(c)
   return c_m, c_e, c_inf
 
 
@@ -1126,8 +1126,8 @@ def clip_by_global_norm(leaves: Sequence[Any], max_norm: Any, *, segments: Any =
   """Per-system p-norm clipping; see the module docstring."""
   leaves, segs, count, srt = _check(leaves, segments, num_systems, True)
   thr = _threshold(max_norm, "max_norm", count)
-  p = numerics.check_norm_type(norm_type)
-  nonfinite = numerics.check_nonfinite(nonfinite)
+  p = validation.check_norm_type(norm_type)
+  nonfinite = validation.check_nonfinite(nonfinite)
   return _run("norm", leaves, segs, count, srt, thr, p, nonfinite)
 
 
@@ -1136,7 +1136,7 @@ def clip_by_max_step(leaves: Sequence[Any], max_step: Any, *, segments: Any = No
   """Per-system max-step clipping: the largest last-axis vector norm is at most max_step."""
   leaves, segs, count, srt = _check(leaves, segments, num_systems, True)
   thr = _threshold(max_step, "max_step", count)
-  nonfinite = numerics.check_nonfinite(nonfinite)
+  nonfinite = validation.check_nonfinite(nonfinite)
   return _run("step", leaves, segs, count, srt, thr, 2.0, nonfinite)
 
 
@@ -1145,8 +1145,8 @@ def clip_grad_norm(leaves: Sequence[Any], max_norm: Any, *, norm_type: Any = 2.0
   """Global p-norm clipping of all leaves together; returns the leaves and the 0-d norm."""
   leaves, _, _, _ = _check(leaves, None, None, False)
   thr = _threshold(max_norm, "max_norm", None)
-  p = numerics.check_norm_type(norm_type)
-  nonfinite = numerics.check_nonfinite(nonfinite)
+  p = validation.check_norm_type(norm_type)
+  nonfinite = validation.check_nonfinite(nonfinite)
   outs, norms = _run("norm", leaves, (None, None), 1, (), thr, p, nonfinite)
   return outs, norms.reshape(())
 

@@ -17,7 +17,7 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   order. Nothing depends on other systems, on where the run sits in memory, or on the thread
   that ran it; the sorted fast path (segment offsets, no scatter) and the unsorted path sum
   the same blocks, so they give the same bits. Max-step and p = inf take maxima (exact).
-* **Decision and factor** (``numerics.finalize``): the norm is known within a rigorous bound
+* **Decision and factor** (``decision.finalize``): the norm is known within a rigorous bound
   (``(n-1) 2**-53`` relative for n float32 squares); a threshold inside that bound is a
   near-tie settled exactly on the host (integer arithmetic); the factor s is the largest float
   with ``s * n_up <= c``. For calls without float64 leaves s keeps 24 bits (a float32, within
@@ -76,8 +76,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from clipbench.impls.capabilities import ANY_NORM_TYPE, DTYPES, Capabilities
-from clipbench.impls.own import numerics
+from clipbench.protocol import ANY_NORM_TYPE, DTYPES, Capabilities
+from clipbench.impls.own import decision, double_double, exact, validation
 
 framework = "numpy"
 version = numba.__version__
@@ -574,11 +574,11 @@ def _dd_add_d(hi, lo, d):
 
 @njit(**_JIT)
 def _dd_exp(h, l, coeffs_hi, coeffs_lo):
-  """Scalar twin of ``numerics.dd_exp`` (same reduction, Taylor terms and squarings)."""
-  k = math.floor(h / numerics.LN2_HI + 0.5)
-  p1, e1 = _two_prod(k, numerics.LN2_HI)
+  """Scalar twin of ``double_double.dd_exp`` (same reduction, Taylor terms and squarings)."""
+  k = math.floor(h / double_double.LN2_HI + 0.5)
+  p1, e1 = _two_prod(k, double_double.LN2_HI)
   r_hi, r_lo = _two_sum(h, -p1)
-  r_lo += l - e1 - k * numerics.LN2_LO
+  r_lo += l - e1 - k * double_double.LN2_LO
   t = r_hi + r_lo
   r_lo = r_lo - (t - r_hi)
   r_hi = t * 0.0625
@@ -611,8 +611,8 @@ def _dd_pow(a, a_lo, p, coeffs_hi, coeffs_lo):
   t_hi, t_lo = _dd_add_d(t_hi, t_lo, -1.0)
   y_hi = y + (t_hi + t_lo)
   y_lo = (t_hi + t_lo) - (y_hi - y)
-  k_hi, k_lo = _two_prod(float(e), numerics.LN2_HI)
-  k_lo += float(e) * numerics.LN2_LO
+  k_hi, k_lo = _two_prod(float(e), double_double.LN2_HI)
+  k_lo += float(e) * double_double.LN2_LO
   s_hi, s_lo = _two_sum(k_hi, y_hi)
   s_lo += k_lo + y_lo
   z_hi, z_lo = _two_prod(s_hi, p)
@@ -622,8 +622,8 @@ def _dd_pow(a, a_lo, p, coeffs_hi, coeffs_lo):
   return _dd_exp(z_hi, z_lo, coeffs_hi, coeffs_lo)
 
 
-_COEFFS_HI = np.array([c[0] for c in numerics._EXP_COEFFS])  # pylint: disable=protected-access
-_COEFFS_LO = np.array([c[1] for c in numerics._EXP_COEFFS])  # pylint: disable=protected-access
+_COEFFS_HI = np.array([c[0] for c in double_double.EXP_COEFFS])  # pylint: disable=protected-access
+_COEFFS_LO = np.array([c[1] for c in double_double.EXP_COEFFS])  # pylint: disable=protected-access
 
 
 @njit(inline="always", **_JIT)
@@ -852,7 +852,7 @@ def _apply_range(addr, out_addr, size, code, start, n, table, act, sm, se, sv, z
   a16, a32, a64 = _views(addr, size, code)
   o16, o32, o64 = _views(out_addr, size, code)
   end = start + n
-  if act == numerics.NAN_FILL:
+  if act == decision.NAN_FILL:
     if code == _F32:
       o32[start:end] = np.uint32(0x7FC00000)
     elif code == _F64:
@@ -863,12 +863,12 @@ def _apply_range(addr, out_addr, size, code, start, n, table, act, sm, se, sv, z
       o16[start:end] = np.uint16(0x7E00)
     return
   if (code == _F32 and not zero_sys and n >= _NT_MIN and (out_addr + 4 * start) % 32 == 0 and
-      (act == numerics.KEEP or (act == numerics.SCALE and not precise))):
+      (act == decision.KEEP or (act == decision.SCALE and not precise))):
     # Long aligned runs (the output layout aligns large leaves): streamed body, scalar tail.
     # Short or unaligned runs keep ordinary stores: an ordinary store next to streamed ones
     # was measured to cost ~2 us each time.
     body = n - n % _NT_LANES
-    if act == numerics.KEEP:
+    if act == decision.KEEP:
       _nt_copy_f32(addr + 4 * start, out_addr + 4 * start, body)
       o32[start + body:end] = a32[start + body:end]
     elif np.float64(np.float32(sv)) == sv:
@@ -878,13 +878,13 @@ def _apply_range(addr, out_addr, size, code, start, n, table, act, sm, se, sv, z
       _nt_scale_f32(addr + 4 * start, out_addr + 4 * start, body, sv)
       _scale_f32(a32[start + body:end], o32[start + body:end], sv)
     return
-  if act == numerics.SCALE and code == _F32 and not precise and not zero_sys:
+  if act == decision.SCALE and code == _F32 and not precise and not zero_sys:
     if np.float64(np.float32(sv)) == sv:
       _scale_f32_fma(a32[start:end], o32[start:end], np.float32(sv))
     else:
       _scale_f32(a32[start:end], o32[start:end], sv)
     return
-  if act == numerics.KEEP and not zero_sys:
+  if act == decision.KEEP and not zero_sys:
     if code == _F32:
       o32[start:end] = a32[start:end]
     elif code == _F64:
@@ -902,7 +902,7 @@ def _apply_range(addr, out_addr, size, code, start, n, table, act, sm, se, sv, z
       else:
         o16[i] = np.uint16(0)
       continue
-    if act == numerics.KEEP:
+    if act == decision.KEEP:
       if code == _F32:
         o32[i] = a32[i]
       elif code == _F64:
@@ -1173,7 +1173,7 @@ def _pow2(k):
   return _f64(np.uint64(k + 1023) << np.uint64(52))
 
 
-# Factors of calls without float64 leaves keep 24 bits (numerics.SHORT_SCALE_BITS is 29): a
+# Factors of calls without float64 leaves keep 24 bits (decision.SHORT_SCALE_BITS is 29): a
 # float32 factor, so the float32 apply needs no float64 (``_scale_f32_fma``). It stays within
 # rule 4's 4u of c / n: truncation costs < 2**-23 = 2u of float32, the coarsest such dtype.
 _SCALE_BITS = 24
@@ -1182,11 +1182,11 @@ _SCALE_BITS = 24
 @njit(inline="always", **_JIT)
 def _finalize_one(s_hi, s_lo, sc_m, sc_e, rel_err, zero, nan, inf, c_m, c_e, c_inf, p, precise,
                   coeffs_hi, coeffs_lo):
-  """One system of ``numerics.finalize``: (norm_v, action, s_m, s_e, tie). The fused kernels
+  """One system of ``decision.finalize``: (norm_v, action, s_m, s_e, tie). The fused kernels
   call it per system; ``_finalize_nb`` over arrays, so both routes give the same bits."""
   if nan or inf or not math.isfinite(s_hi):
     # Poisoned (its sums are not finite): NaN outputs; the norm is set by the caller.
-    return 0.0, numerics.NAN_FILL, 0.0, 0, False
+    return 0.0, decision.NAN_FILL, 0.0, 0, False
   # root: (r_hi, r_lo) = S ** (1/p), relative error eps
   if math.isinf(p):
     r_hi, r_lo, eps = 1.0, 0.0, 0.0
@@ -1207,7 +1207,7 @@ def _finalize_one(s_hi, s_lo, sc_m, sc_e, rel_err, zero, nan, inf, c_m, c_e, c_i
     else:
       r = safe ** (1.0 / p)
       q_hi, q_lo = _dd_pow(r, 0.0, p, coeffs_hi, coeffs_lo)
-      q_err = numerics.DD_POW_REL_ERR
+      q_err = double_double.DD_POW_REL_ERR
     d_hi, d_lo = _two_sum(safe, -q_hi)
     delta = (d_hi + (d_lo + ((s_lo if pos else 0.0) - q_lo))) / (p * q_hi)
     r_hi = r + r * delta
@@ -1257,13 +1257,13 @@ def _finalize_one(s_hi, s_lo, sc_m, sc_e, rel_err, zero, nan, inf, c_m, c_e, c_i
     s_m, s_e = 0.0, 0
   else:
     s_m, s_e = q_m, q_e + d
-  return norm_v, numerics.KEEP if keep else numerics.SCALE, s_m, s_e, is_tie
+  return norm_v, decision.KEEP if keep else decision.SCALE, s_m, s_e, is_tie
 
 
 @njit(**_JIT)
 def _finalize_nb(s_hi, s_lo, sc_m, sc_e, rel_err, zero, nan, inf, c_m, c_e, c_inf, p, precise,
                  coeffs_hi, coeffs_lo):
-  """Scalar twin of ``numerics.finalize`` (same steps, one system at a time, no array
+  """Scalar twin of ``decision.finalize`` (same steps, one system at a time, no array
   temporaries; ``nextafter`` and powers of two on the bits, as libm calls they took half the
   time): measured 0.8 ms for 20,000 systems on a loaded 2-core machine, 1.4 ms before."""
   s = s_hi.size
@@ -1362,8 +1362,8 @@ def _run_end(seg_addr, seg_code, r, r_end, k):
 
 @njit(inline="always", **_JIT)
 def _fused_rel_err(count):
-  """``numerics.sum_rel_err(count, 0.0)`` for one system (the same operations)."""
-  k = max(np.float64(count) - 1.0, 0.0) * numerics.U64
+  """``decision.sum_rel_err(count, 0.0)`` for one system (the same operations)."""
+  k = max(np.float64(count) - 1.0, 0.0) * decision.U64
   acc = k / max(1.0 - k, 0.5)
   return 0.0 + acc * (1.0 + 0.0) + 2.0 ** -1000
 
@@ -1421,7 +1421,7 @@ def _fused_systems(k0, k1, rows0, rows1, addrs, out_addrs, sizes, rowsizes, vecs
     norm_v, act, sm, se, is_tie = _finalize_one(
         total, 0.0, 0.5, np.int64(1), rel, zero, nan, inf, c_m[k], np.int64(c_e[k]),
         c_inf[k], 2.0, False, _COEFFS_HI, _COEFFS_LO)
-    # numerics.compose_norm: ldexp(norm_v, 1), then zero, inf and NaN, rounded to float32.
+    # decision.compose_norm: ldexp(norm_v, 1), then zero, inf and NaN, rounded to float32.
     v = norm_v * 2.0
     if zero:
       v = 0.0
@@ -1778,8 +1778,8 @@ def _term_rel_err(p: float, kind: int) -> float:
   if kind in (_KIND_ABS, _KIND_SQ):
     return 0.0
   if kind == _KIND_INT:
-    return (p - 1.0) * 1.01 * numerics.U64  # the first product is exact; p - 2 roundings
-  return numerics.POW_REL_ERR
+    return (p - 1.0) * 1.01 * decision.U64  # the first product is exact; p - 2 roundings
+  return decision.POW_REL_ERR
 
 
 def _global_stats(prep: _Prepared, p: float, zero_mode: bool, f64_mode: bool):
@@ -1805,7 +1805,7 @@ def _global_stats(prep: _Prepared, p: float, zero_mode: bool, f64_mode: bool):
               it_leaf, it_start, it_len, table, ip, p, zero_mode)
     tot = _combine_sum(it_sys, part, s)
     flags = _combine_flags(it_sys, flags, s)
-    rel = numerics.sum_rel_err(count, _term_rel_err(p, kind))
+    rel = decision.sum_rel_err(count, _term_rel_err(p, kind))
     return dict(s_hi=tot, s_lo=np.zeros(s), sc_m=np.full(s, 0.5), sc_e=np.ones(s, np.int32),
                 rel_err=rel, zero=tot == 0, flags=flags)
   # Scaled double-double sums: max |x| first, then (|x| / 2**K)**p with max in [0.5, 1).
@@ -1818,20 +1818,20 @@ def _global_stats(prep: _Prepared, p: float, zero_mode: bool, f64_mode: bool):
     inv = np.where(zero, 1.0, mx)
     inv2 = np.ones_like(inv)
     sc_m, sc_e = np.frexp(inv)
-    term_err = numerics.DD_POW_REL_ERR + 2.0 ** -400
+    term_err = double_double.DD_POW_REL_ERR + 2.0 ** -400
   else:
     k = np.frexp(np.where(zero, 1.0, mx))[1].astype(np.int64)
     sc_m, sc_e = np.full(s, 0.5), (k + 1).astype(np.int32)  # scale 2**k
     inv = np.ldexp(1.0, np.minimum(-k, 1000).astype(np.int32))
     inv2 = np.ldexp(1.0, np.maximum(-k - 1000, 0).astype(np.int32))
     term_err = 0.0 if kind in (_KIND_ABS, _KIND_SQ) else (
-        2.0 ** -100 * p if kind == _KIND_INT else numerics.DD_POW_REL_ERR) + 2.0 ** -400
+        2.0 ** -100 * p if kind == _KIND_INT else double_double.DD_POW_REL_ERR) + 2.0 ** -400
   hi = np.empty(it_leaf.size)
   lo = np.empty(it_leaf.size)
   _parallel(_scaled_sum_items, it_len, hi, lo, prep.norm_addrs, prep.sizes, prep.codes,
             it_leaf, it_sys, it_start, it_len, table, inv, inv2, divide, kind, ip, p)
   tot_hi, tot_lo = _combine_dd(it_sys, hi, lo, s)
-  rel = numerics.sum_rel_err(count, term_err, dd=True)
+  rel = decision.sum_rel_err(count, term_err, dd=True)
   return dict(s_hi=tot_hi, s_lo=tot_lo, sc_m=sc_m, sc_e=sc_e, rel_err=rel, zero=zero,
               flags=flags)
 
@@ -1848,7 +1848,7 @@ def _step_stats(prep: _Prepared, zero_mode: bool, f64_mode: bool):
   k, hi, lo = _combine_step(it_sys, ks, his, los, s)
   flags = _combine_flags(it_sys, flags, s)
   d = float(prep.vecs.max()) if prep.vecs.size else 1.0
-  rel = numerics.sum_rel_err(np.full(s, d), 0.0, dd=f64_mode)
+  rel = decision.sum_rel_err(np.full(s, d), 0.0, dd=f64_mode)
   return dict(s_hi=hi, s_lo=lo, sc_m=np.full(s, 0.5), sc_e=(k + 1).astype(np.int32),
               rel_err=rel, zero=hi == 0, flags=flags)
 
@@ -1868,7 +1868,7 @@ def _run(leaves, threshold, segs, row_offsets, num_systems, p, nonfinite, step):
   else:
     zero_sys = np.zeros(num_systems, dtype=np.bool_)
   c = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (num_systems,))
-  c_m, c_e, c_inf = numerics.exact_frexp(c)
+  c_m, c_e, c_inf = exact.exact_frexp(c)
   sc_m, sc_e = st["sc_m"], st["sc_e"]
   norm_v, action, s_m, s_e, tie = _finalize_nb(
       np.ascontiguousarray(st["s_hi"], np.float64), np.ascontiguousarray(st["s_lo"], np.float64),
@@ -1879,9 +1879,9 @@ def _run(leaves, threshold, segs, row_offsets, num_systems, p, nonfinite, step):
   for k in np.flatnonzero(tie).tolist():
     vectors = prep.system_vectors(k) if step else prep.system_values(k)
     if _tie_is_kept(vectors, float(c[k]), p, step):
-      action[k] = numerics.KEEP
+      action[k] = decision.KEEP
   norm_dtype = np.float64 if f64_mode else np.float32
-  norms = numerics.compose_norm(norm_v, sc_e, st["zero"], nan, inf, norm_dtype)
+  norms = decision.compose_norm(norm_v, sc_e, st["zero"], nan, inf, norm_dtype)
   with np.errstate(all="ignore"):
     s_val = np.ldexp(s_m, s_e)
   outs = _apply(prep, action, s_m, s_e, s_val, zero_sys, f64_mode)
@@ -1894,13 +1894,13 @@ def _tie_is_kept(values: list[np.ndarray], c: float, p: float, step: bool) -> bo
   for max-step)."""
   c_k = Fraction(c)
   if step:
-    signs = [numerics.exact_step_compare(*numerics.magnitudes_of(v), c_k)
+    signs = [exact.exact_step_compare(*exact.magnitudes_of(v), c_k)
              for v in values if v.size]
     return max(signs, default=-1) <= 0
-  parts = [numerics.magnitudes_of(v.ravel()) for v in values]
+  parts = [exact.magnitudes_of(v.ravel()) for v in values]
   m = np.concatenate([pm for pm, _ in parts]) if parts else np.zeros(0, np.int64)
   e = np.concatenate([pe_ for _, pe_ in parts]) if parts else np.zeros(0, np.int64)
-  return numerics.exact_compare(m, e, p, c_k) <= 0
+  return exact.exact_compare(m, e, p, c_k) <= 0
 
 
 def _apply(prep: _Prepared, action, s_m, s_e, s_val, zero_sys, precise) -> list[np.ndarray]:
@@ -1971,7 +1971,7 @@ def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_system
         seg.shape[0] != x.shape[0]):
       return None
   try:
-    threshold = numerics.check_threshold(threshold, name, num_systems)
+    threshold = validation.check_threshold(threshold, name, num_systems)
   except (TypeError, ValueError):
     return None
   leaves, segments = list(leaves), list(segments)
@@ -1985,10 +1985,10 @@ def _fused_run(leaves: Any, threshold: Any, name: str, segments: Any, num_system
   seg_addrs = np.array([_address(g) for g in segments], dtype=np.int64)
   seg_codes = np.array([_SEG_CODE_OF[g.dtype] for g in segments], dtype=np.int64)
   c = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (ns,))
-  c_m, c_e, c_inf = numerics.exact_frexp(c)
+  c_m, c_e, c_inf = exact.exact_frexp(c)
   c_e = c_e.astype(np.int64)
   zero_mode = nonfinite == "zero"
-  step_rel_err = float(numerics.sum_rel_err(float(vecs.max()), 0.0)) if step else 0.0
+  step_rel_err = float(decision.sum_rel_err(float(vecs.max()), 0.0)) if step else 0.0
   outs, out_addrs = _new_outputs(np.full(nl, _F32, dtype=np.int8), sizes, shapes)
   norms = np.empty(ns, dtype=np.float32)
   if sums is None:
@@ -2047,7 +2047,7 @@ def _is_l2(norm_type: Any) -> bool:
   """Whether ``norm_type`` is a valid p of 2 in any real type (2, 2.0, np.float32(2), ...);
   an invalid one is left to the general route, which raises its error in rule order."""
   try:
-    return numerics.check_norm_type(norm_type) == 2.0
+    return validation.check_norm_type(norm_type) == 2.0
   except (TypeError, ValueError):
     return False
 
@@ -2059,21 +2059,21 @@ def _validate(leaves, segments, num_systems, per_system: bool):
   offsets per leaf the system offsets of sorted ids or None for unsorted ones."""
   if isinstance(leaves, (list, tuple)):
     leaves = [np.asarray(x) if isinstance(x, np.generic) else x for x in leaves]
-  leaves = numerics.check_leaves(leaves, lambda a: isinstance(a, np.ndarray))
+  leaves = validation.check_leaves(leaves, lambda a: isinstance(a, np.ndarray))
   if not per_system:
     return leaves, None, 1, None
-  count = numerics.check_num_systems(segments, num_systems, len(leaves))
+  count = validation.check_num_systems(segments, num_systems, len(leaves))
   if count is None:
     return leaves, None, 1, None
   segs, row_offsets = [], []
   for i, (leaf, seg) in enumerate(zip(leaves, segments)):
     seg = np.asarray(seg)
-    numerics.check_segment(i, leaf.shape, seg.shape, seg.dtype)
+    validation.check_segment(i, leaf.shape, seg.shape, seg.dtype)
     offsets = np.zeros(count + 1, dtype=np.int64)
     if seg.size:
       seg = np.ascontiguousarray(seg)
       lo, hi, offsets = _scan_segments(seg, count)
-      numerics.check_segment_range(i, lo, hi, count, seg if (lo < 0 or hi >= count) else None)
+      validation.check_segment_range(i, lo, hi, count, seg if (lo < 0 or hi >= count) else None)
     segs.append(seg)
     row_offsets.append(offsets)
   return leaves, segs, count, row_offsets
@@ -2088,9 +2088,9 @@ def clip_by_global_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, segments
     if fused is not None:
       return fused
   leaves, segs, count, row_offsets = _validate(leaves, segments, num_systems, True)
-  threshold = numerics.check_threshold(max_norm, "max_norm", count)
-  p = numerics.check_norm_type(norm_type)
-  nonfinite = numerics.check_nonfinite(nonfinite)
+  threshold = validation.check_threshold(max_norm, "max_norm", count)
+  p = validation.check_norm_type(norm_type)
+  nonfinite = validation.check_nonfinite(nonfinite)
   return _run(leaves, threshold, segs, row_offsets, count, p, nonfinite, False)
 
 
@@ -2102,8 +2102,8 @@ def clip_by_max_step(leaves: Sequence[np.ndarray], max_step: Any, *, segments: A
   if fused is not None:
     return fused
   leaves, segs, count, row_offsets = _validate(leaves, segments, num_systems, True)
-  threshold = numerics.check_threshold(max_step, "max_step", count)
-  nonfinite = numerics.check_nonfinite(nonfinite)
+  threshold = validation.check_threshold(max_step, "max_step", count)
+  nonfinite = validation.check_nonfinite(nonfinite)
   return _run(leaves, threshold, segs, row_offsets, count, 2.0, nonfinite, True)
 
 
@@ -2111,9 +2111,9 @@ def clip_grad_norm(leaves: Sequence[np.ndarray], max_norm: Any, *, norm_type: An
                    nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
   """Global p-norm clipping of all leaves together; returns the leaves and the 0-d norm."""
   leaves, _, _, _ = _validate(leaves, None, None, False)
-  threshold = numerics.check_threshold(max_norm, "max_norm", None)
-  p = numerics.check_norm_type(norm_type)
-  nonfinite = numerics.check_nonfinite(nonfinite)
+  threshold = validation.check_threshold(max_norm, "max_norm", None)
+  p = validation.check_norm_type(norm_type)
+  nonfinite = validation.check_nonfinite(nonfinite)
   outs, norms = _run(leaves, threshold, None, None, 1, p, nonfinite, False)
   return outs, norms.reshape(())
 

@@ -71,7 +71,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from clipbench.impls.capabilities import ANY_NORM_TYPE, Capabilities
+from clipbench.protocol import ANY_NORM_TYPE, Capabilities
 
 _EPS = 2.0 ** -53  # unit roundoff of float64
 _FLOAT_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -182,7 +182,7 @@ def test_fused_rel_err_is_numerics_sum_rel_err():
   # The kernel's scalar twin of the bound the general route takes from numerics: the same
   # bits for every count (a different bound moves near-tie decisions, which outputs rarely show).
   counts = np.concatenate([np.arange(0, 5000), 10 ** np.arange(4, 16), [2**53, 2**60]])
-  want = nk.numerics.sum_rel_err(counts.astype(np.float64), 0.0)
+  want = nk.decision.sum_rel_err(counts.astype(np.float64), 0.0)
   got = np.array([nk._fused_rel_err(np.int64(n)) for n in counts.tolist()])
   np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 

@@ -1,0 +1,30 @@
+"""The results tables' schema, declared once: the conformance suite writes it, the report reads it.
+
+Data flows one way (reference <- impls <- conformance / benchmarks -> results -> reports); this
+module is the contract between the writers and the reader, so neither side imports the other.
+"""
+
+from __future__ import annotations
+
+OUTCOMES: tuple[str, ...] = (
+    "pass", "deviation", "fail", "unexpected-pass", "not-applicable", "error")
+
+# Severity classes of a deviation, most harmful first. A reader of the report asks first
+# whether a library can silently corrupt an update; everything else is graded below that.
+SEVERITIES: dict[str, str] = {
+    "silent-wrong-value": "finite valid input, and the output or norm is wrong beyond rounding "
+                          "(zeros, NaN, a flipped sign, over the bound by more than a few ulp)",
+    "invalid-input-accepted": "an invalid argument is accepted and a result returned",
+    "valid-input-rejected": "a valid input raises, crashes or is refused",
+    "non-finite-policy": "differs only on inputs that hold NaN or infinity",
+    "rounding-level": "within a few ulp: ties, the strict bound, the norm's last bits",
+}
+
+CONFORMANCE_COLUMNS: tuple[str, ...] = (
+    "impl", "kind", "library", "version", "framework", "op", "rule", "case", "dtype", "outcome",
+    "severity", "max_ulp_error", "norm_ulp_error", "observed", "reason", "reproducer", "test_id",
+    "duration_s")
+
+BENCHMARK_COLUMNS: tuple[str, ...] = (
+    "impl", "kind", "workload", "dtype", "device", "group", "name", "median_s", "min_s",
+    "mean_s", "stddev_s", "rounds", "bytes_moved", "bandwidth_gbs", "roofline_seconds")
