@@ -17,7 +17,7 @@ import functools
 
 import pytest
 
-from clipbench.benchmarks import bandwidth, cases, grid, workloads
+from clipbench.benchmarks import bandwidth, grid, timing, workloads
 from clipbench.impls import registry
 
 
@@ -25,7 +25,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
   if "case" not in metafunc.fixturenames:
     return
   config = metafunc.config
-  impls = config.getoption("bench_impl", default=None) or cases.timed_impl_names()
+  impls = config.getoption("bench_impl", default=None) or grid.timed_impl_names()
   names = config.getoption("bench_workload", default=None) or workloads.NAMES
   dtypes = config.getoption("bench_dtype", default=None) or ["float32"]
   devices = config.getoption("bench_device", default=None) or ["cpu"]
@@ -60,7 +60,7 @@ def _load(name: str) -> registry.Implementation:
 
 
 @functools.lru_cache(maxsize=1)
-def _inputs(name: str, scale: float, dtype: str) -> workloads.Inputs:
+def _inputs(name: str, scale: float, dtype: str) -> workloads.WorkloadInputs:
   return workloads.get(name).build(scale, dtype)
 
 
@@ -71,35 +71,35 @@ def _pedantic_rounds(seconds_per_call: float) -> int:
 def test_clip(benchmark, case: tuple[str, str, str, str], bench_scale: float,
               request: pytest.FixtureRequest) -> None:
   workload_name, dtype, device, impl_name = case
-  reason = cases.early_skip_reason(device)
+  reason = timing.early_skip_reason(device)
   if reason:
     pytest.skip(reason)
   impl = _load(impl_name)
   workload = workloads.get(workload_name)
-  reason = cases.skip_reason(impl, workload, dtype, device)
+  reason = timing.skip_reason(impl, workload, dtype, device)
   if reason:
     pytest.skip(reason)
-  # The table asv uses: families an implementation is timed on, and the cases too slow to set up.
+  # The grid asv uses: families an implementation is timed on, and the cases too slow to set up.
   reason = grid.static_skip_reason(impl_name, workload_name, dtype, device)
   if reason:
     pytest.skip(reason)
   inputs = _inputs(workload_name, bench_scale, dtype)
-  prepared = cases.prepare(impl, workload, inputs, device)
-  run = cases.timed_runner(impl, prepared)
+  prepared = timing.prepare(impl, workload, inputs, device)
+  run = timing.timed_runner(impl, prepared)
   run(prepared)  # warm-up: jit compilation and first-touch allocations, untimed
   bw = request.getfixturevalue("copy_bandwidth")
   nbytes = workloads.bytes_moved(inputs)
   benchmark.group = workload_name
   benchmark.extra_info.update(
       impl=impl.name, kind=impl.kind, version=impl.version, workload=workload_name,
-      op=cases.resolve_op(impl, workload), dtype=dtype, device=device, scale=bench_scale,
+      op=timing.resolve_op(impl, workload), dtype=dtype, device=device, scale=bench_scale,
       bytes_moved=nbytes, bandwidth_gbs=bw / 1e9,
       roofline_seconds=bandwidth.roofline_seconds(nbytes, bw))
   if impl.capabilities.in_place:
     # Each round clips a fresh conversion of the inputs (untimed), never already-clipped data.
-    one_call = cases.median_call_seconds(lambda: run(prepared), min_calls=1, max_calls=1)
+    one_call = timing.median_call_seconds(lambda: run(prepared), min_calls=1, max_calls=1)
     benchmark.pedantic(run,
-                       setup=lambda: ((cases.prepare(impl, workload, inputs, device),), {}),
+                       setup=lambda: ((timing.prepare(impl, workload, inputs, device),), {}),
                        rounds=_pedantic_rounds(one_call), iterations=1)
   else:
     benchmark(run, prepared)

@@ -14,7 +14,8 @@ import os
 
 import pandas as pd
 
-from clipbench.benchmarks import cases, workloads
+from clipbench.benchmarks import workloads
+from clipbench.impls import registry
 
 COLUMNS = ("workload", "impl", "kind", "dtype", "device", "median_s", "gbs", "roofline_ratio",
            "speedup_vs_best_library", "bandwidth_gbs", "bytes_moved")
@@ -28,7 +29,7 @@ def _row(bench: dict) -> dict:
   return {
       "workload": info.get("workload", bench.get("group")),
       "impl": impl,
-      "kind": info.get("kind") or cases.kind_of(impl),
+      "kind": info.get("kind") or registry.kind_of(impl),
       "dtype": info.get("dtype", "float32"),
       "device": info.get("device", "cpu"),
       "median_s": median,

@@ -1,8 +1,8 @@
 """The benchmark workloads, defined once for asv, pytest-benchmark and ``clipbench bench``.
 
 A workload is a frozen record: a name, the canonical operation it exercises and a builder
-``builder(scale, dtype, seed) -> Inputs`` returning numpy leaves, the threshold and, for
-per-system workloads, the segments. Everything is drawn from ``numpy.random.default_rng(seed)``
+``builder(scale, dtype, seed) -> WorkloadInputs`` returning numpy leaves, the threshold and,
+for per-system workloads, the segments. Everything is drawn from ``numpy.random.default_rng(seed)``
 with a fixed seed per workload, so a name always means the same bits (for a given scale and
 dtype).
 
@@ -58,8 +58,8 @@ _ATOMS_RANGE = (10, 500)  # inclusive
 
 
 @dataclasses.dataclass(frozen=True)
-class Inputs:
-  """numpy arguments of one canonical call.
+class WorkloadInputs:
+  """A workload's drawn arguments of one canonical call, in numpy.
 
   Attributes:
     leaves: the leaves, in call order.
@@ -84,7 +84,7 @@ class Inputs:
     return sum(int(x.nbytes) for x in self.leaves)
 
 
-Builder = Callable[[float, str, int], Inputs]
+Builder = Callable[[float, str, int], WorkloadInputs]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Workload:
     name: stable identifier (asv parameter value, pytest-benchmark group).
     op: canonical operation (``clip_grad_norm``, ``clip_by_global_norm``, ``clip_by_max_step``).
     description: one line for tables.
-    builder: ``builder(scale, dtype, seed) -> Inputs``.
+    builder: ``builder(scale, dtype, seed) -> WorkloadInputs``.
     seed: the fixed seed passed to ``builder``.
     norm_type: p of the norm (known without building, so callers can skip early).
     per_system: the inputs carry ``segments`` (more than one system).
@@ -111,7 +111,7 @@ class Workload:
   per_system: bool = False
   full_elements: int = 0
 
-  def build(self, scale: float = 1.0, dtype: str = "float32") -> Inputs:
+  def build(self, scale: float = 1.0, dtype: str = "float32") -> WorkloadInputs:
     return self.builder(scale, dtype, self.seed)
 
 
@@ -123,7 +123,7 @@ def numpy_dtype(dtype: str) -> np.dtype:
     raise ValueError(f"dtype: expected one of {sorted(_NUMPY_DTYPES)}, got {dtype!r}") from None
 
 
-def bytes_moved(inputs: Inputs) -> int:
+def bytes_moved(inputs: WorkloadInputs) -> int:
   """Bytes of the three-pass roofline: read (norm), read and write (scale) every leaf.
 
   Segment ids are not counted: the roofline is the cost of the clipping itself, the lower bound
@@ -170,7 +170,7 @@ def _lognormal_sizes(rng: np.random.Generator, count: int, total: int,
   return sizes
 
 
-def build_model(scale: float, dtype: str, seed: int, *, norm_type: float = 2.0) -> Inputs:
+def build_model(scale: float, dtype: str, seed: int, *, norm_type: float = 2.0) -> WorkloadInputs:
   """W1: 200 leaves, log-normal sizes, 2**24 * scale elements; threshold half the norm."""
   np_dtype = numpy_dtype(dtype)
   rng = np.random.default_rng(seed)
@@ -178,17 +178,17 @@ def build_model(scale: float, dtype: str, seed: int, *, norm_type: float = 2.0) 
   # Per-leaf gradient scales spread over two decades, as between layers of a network.
   sigmas = 10.0 ** rng.uniform(-3.0, -1.0, sizes.size)
   leaves = tuple(_normal(rng, (int(n),), float(s), np_dtype) for n, s in zip(sizes, sigmas))
-  return Inputs(leaves, 0.5 * _p_norm(leaves, norm_type), norm_type=norm_type)
+  return WorkloadInputs(leaves, 0.5 * _p_norm(leaves, norm_type), norm_type=norm_type)
 
 
-def build_many_small(scale: float, dtype: str, seed: int) -> Inputs:
+def build_many_small(scale: float, dtype: str, seed: int) -> WorkloadInputs:
   """W4: 10,000 * scale leaves of 100 elements; threshold half the global L2 norm."""
   np_dtype = numpy_dtype(dtype)
   rng = np.random.default_rng(seed)
   count = _scaled_count(_SMALL_LEAVES, scale)
   sigmas = 10.0 ** rng.uniform(-3.0, -1.0, count)
   leaves = tuple(_normal(rng, (_SMALL_LEAF_SIZE,), float(s), np_dtype) for s in sigmas)
-  return Inputs(leaves, 0.5 * _p_norm(leaves, 2.0))
+  return WorkloadInputs(leaves, 0.5 * _p_norm(leaves, 2.0))
 
 
 def _relax_leaves(num_systems: int, dtype: str, seed: int
@@ -211,17 +211,18 @@ def _system_row_offsets(segment: np.ndarray, num_systems: int) -> np.ndarray:
   return np.searchsorted(segment, np.arange(num_systems))
 
 
-def build_relax(scale: float, dtype: str, seed: int, *, num_systems: int) -> Inputs:
+def build_relax(scale: float, dtype: str, seed: int, *, num_systems: int) -> WorkloadInputs:
   """W2/W3: per-system global L2; threshold the median system norm."""
   systems = _scaled_count(num_systems, scale)
   (positions, cell), segments = _relax_leaves(systems, dtype, seed)
   pos_sq = np.sum(positions.astype(np.float64) ** 2, axis=1)
   cell_sq = np.sum(cell.astype(np.float64) ** 2, axis=(1, 2))
   norms = np.sqrt(np.bincount(segments[0], weights=pos_sq, minlength=systems) + cell_sq)
-  return Inputs((positions, cell), float(np.median(norms)), segments, systems)
+  return WorkloadInputs((positions, cell), float(np.median(norms)), segments, systems)
 
 
-def build_relax_max_step(scale: float, dtype: str, seed: int, *, num_systems: int) -> Inputs:
+def build_relax_max_step(scale: float, dtype: str, seed: int, *,
+                         num_systems: int) -> WorkloadInputs:
   """Max-step on the W2/W3 leaves; threshold the median system step norm."""
   systems = _scaled_count(num_systems, scale)
   (positions, cell), segments = _relax_leaves(systems, dtype, seed)
@@ -230,7 +231,7 @@ def build_relax_max_step(scale: float, dtype: str, seed: int, *, num_systems: in
   pos_max = np.maximum.reduceat(pos_steps, _system_row_offsets(segments[0], systems))
   cell_max = np.max(np.sqrt(np.sum(cell.astype(np.float64) ** 2, axis=2)), axis=1)
   steps = np.maximum(pos_max, cell_max)
-  return Inputs((positions, cell), float(np.median(steps)), segments, systems)
+  return WorkloadInputs((positions, cell), float(np.median(steps)), segments, systems)
 
 
 def _mean_relax_elements(num_systems: int) -> int:

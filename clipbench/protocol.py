@@ -1,4 +1,7 @@
-"""What an implementation declares it can do.
+"""The protocol shared by the reference, the implementations and their judges.
+
+Names everyone uses (operations, dtypes, non-finite modes, frameworks, the SPEC's rule titles)
+and what an implementation declares it can do.
 
 The conformance suite applies a test only when the implementation declares the property it
 needs; anything outside the declaration is skipped with the reason, never counted as a pass.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Any, Mapping
 
 OPS = ("clip_by_global_norm", "clip_by_max_step", "clip_grad_norm")
@@ -18,6 +22,24 @@ NONFINITE_MODES = ("propagate", "zero")
 FRAMEWORKS = ("numpy", "jax", "torch", "tensorflow")
 
 ANY_NORM_TYPE = "any"
+
+# The rules of ``reference/SPEC.md``: number -> title, exactly as its ``## Rule N. Title``
+# headings read (a test holds the two together). Tables and reports take titles from here.
+RULES: Mapping[int, str] = types.MappingProxyType({
+    1: "Domain of the norm",
+    2: "Max-step norm",
+    3: "At or below the threshold: bitwise unchanged",
+    4: "Above the threshold: one factor, strict bound",
+    5: "Norm accuracy, no overflow or underflow",
+    6: "The threshold",
+    7: "Non-finite input",
+    8: "Empty input",
+    9: "Dtypes",
+    10: "p-norms",
+    11: "Batch invariance",
+    12: "Inputs are not modified",
+    13: "Bad segments",
+})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,10 @@ declare ``capabilities`` (see :mod:`clipbench.protocol`), ``version`` and ``libr
 Nothing of clipbench needs importing to write one.
 
 A missing library makes its implementations *unavailable* (with the reason), never a crash.
+
+``BUILTIN`` is the one table of built-in implementations: each :class:`Entry` also carries
+the static facts the benchmark grid is derived from. Adding a library takes an adapter
+(``impls/adapters``), one entry here and its entries in ``conformance/deviations.toml``.
 """
 
 from __future__ import annotations
@@ -22,61 +26,148 @@ from clipbench.protocol import FRAMEWORKS, OPS, Capabilities, as_capabilities
 ENTRY_POINT_GROUP = "clipbench.impls"
 
 
+KINDS = ("reference", "own", "library", "baseline", "outside")
+DEVICES = ("cpu", "cuda")
+# The operation families of the benchmark grid an implementation can be timed on (the grid,
+# ``clipbench.benchmarks.grid``, gives each its workloads).
+FAMILIES = ("global", "pnorm", "per_system", "max_step")
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """A registered implementation: where it lives and what it is."""
+  """A registered implementation: where it lives, what it is, and where it is timed.
+
+  The facts after ``description`` are static, known without importing the implementation
+  (the benchmark grid is built from them in processes that load no framework); the
+  benchmarks' tests hold them against what the loaded implementation declares.
+
+  Attributes:
+    name: the registered name.
+    target: ``"package.module:attr"`` of the implementation object.
+    library: the distribution whose version is reported.
+    kind: one of ``KINDS``.
+    description: one line for listings.
+    framework: its ``framework`` attribute; empty where only loading tells (entry points).
+    devices: the devices it runs on where the hardware exists (``"cuda"`` even here).
+    families: the operation families it is timed on (names from ``FAMILIES``); none: never
+      timed.
+    slow: ``(workload, why)`` pairs of cases too slow to set up or call within an asv run's
+      budget on a CPU; skipped with ``why`` unless asked for.
+  """
 
   name: str
-  target: str  # "package.module:attr"
-  library: str  # distribution whose version is reported
-  kind: str  # "reference", "own", "library", "baseline" or "outside"
+  target: str
+  library: str
+  kind: str
   description: str = ""
+  framework: str = ""
+  devices: tuple[str, ...] = ("cpu",)
+  families: frozenset[str] = frozenset()
+  slow: tuple[tuple[str, str], ...] = ()
+
+  def __post_init__(self) -> None:
+    if self.kind not in KINDS:
+      raise ValueError(f"kind: expected one of {KINDS}, got {self.kind!r} ({self.name})")
+    if self.framework and self.framework not in FRAMEWORKS:
+      raise ValueError(
+          f"framework: expected one of {FRAMEWORKS}, got {self.framework!r} ({self.name})")
+    if not set(self.devices) <= set(DEVICES):
+      raise ValueError(f"devices: expected a subset of {DEVICES}, got {self.devices!r} "
+                       f"({self.name})")
+    if not set(self.families) <= set(FAMILIES):
+      raise ValueError(f"families: expected a subset of {FAMILIES}, got "
+                       f"{sorted(self.families)!r} ({self.name})")
+
+  @property
+  def slow_workloads(self) -> frozenset[str]:
+    return frozenset(workload for workload, _ in self.slow)
 
 
-_A = "clipbench.impls.adapters."
-_O = "clipbench.impls.own."
+_ALL = frozenset(FAMILIES)
+_GLOBAL = frozenset({"global"})
+_GLOBAL_AND_P = frozenset({"global", "pnorm"})
+_PER_SYSTEM = frozenset({"per_system", "max_step"})
+_CPU = ("cpu",)
+_CPU_CUDA = ("cpu", "cuda")
+
+# First calls of more than ~10 s in every process on a CPU (a 2-core machine, jax 0.12).
+_SLOW_OWN_JAX = tuple(
+    (w, "our exact JAX kernel compiles for about a minute per 200 leaves (W1), far longer for "
+     "W4's 10,000") for w in ("W1-model", "W1-model-p1", "W1-model-p3", "W1-model-pinf",
+                              "W4-many-small"))
+_SLOW_KUPS_W4 = (("W4-many-small", "its eager call takes 17 s on W4's 10,000 leaves (jitted, "
+                  "XLA does not compile them within 8 minutes)"),)
+_SLOW_BRAINSTATE_W4 = (("W4-many-small", "its first call compiles for 16 s on W4's 10,000 "
+                        "leaves"),)
+
+
+def _own(name: str, target: str, library: str, framework: str, description: str, *,
+         devices: tuple[str, ...] = _CPU_CUDA, slow: tuple[tuple[str, str], ...] = ()) -> Entry:
+  """One of our implementations: timed on every family."""
+  return Entry(name, target, library, "own", description, framework=framework,
+               devices=devices, families=_ALL, slow=slow)
+
+
+def _adapter(name: str, target: str, library: str, framework: str, description: str, *,
+             families: frozenset[str] = _GLOBAL, devices: tuple[str, ...] = _CPU,
+             slow: tuple[tuple[str, str], ...] = ()) -> Entry:
+  """A thin adapter over a library's public API; ``target`` within ``impls/adapters``."""
+  return Entry(name, "clipbench.impls.adapters." + target, library, "library", description,
+               framework=framework, devices=devices, families=families, slow=slow)
+
 
 BUILTIN: tuple[Entry, ...] = (
     Entry("reference", "clipbench.reference:implementation", "clipbench", "reference",
-          "exact rational/mpmath reference; it is the spec"),
+          "exact rational/mpmath reference; it is the spec", framework="numpy"),
     # Our own implementations (issue: fully conformant, batch-invariant, at the roofline).
-    Entry("clipbench.jax", _O + "jax_kernels:implementation", "jax", "own",
-          "jit-compiled JAX/XLA"),
-    Entry("clipbench.numba", _O + "numba_kernels:implementation", "numba", "own",
-          "compiled CPU kernel, parallel over systems"),
-    Entry("clipbench.torch", _O + "torch_kernels:eager", "torch", "own", "torch eager"),
-    Entry("clipbench.torch-compile", _O + "torch_kernels:compiled", "torch", "own",
-          "torch.compile (inductor)"),
-    Entry("clipbench.triton", _O + "triton_kernels:implementation", "triton", "own",
-          "Triton kernels on torch tensors (CUDA; TRITON_INTERPRET=1 on CPU)"),
+    _own("clipbench.jax", "clipbench.impls.own.jax_kernels:implementation", "jax", "jax",
+         "jit-compiled JAX/XLA", devices=_CPU, slow=_SLOW_OWN_JAX),
+    _own("clipbench.numba", "clipbench.impls.own.numba_kernels:implementation", "numba",
+         "numpy", "compiled CPU kernel, parallel over systems", devices=_CPU),
+    _own("clipbench.torch", "clipbench.impls.own.torch_kernels:eager", "torch", "torch",
+         "torch eager"),
+    _own("clipbench.torch-compile", "clipbench.impls.own.torch_kernels:compiled", "torch",
+         "torch", "torch.compile (inductor)"),
+    # Timed on CUDA only: its CPU mode is Triton's interpreter, for tests.
+    _own("clipbench.triton", "clipbench.impls.own.triton_kernels:implementation", "triton",
+         "torch", "Triton kernels on torch tensors (CUDA; TRITON_INTERPRET=1 on CPU)",
+         devices=("cuda",)),
     # Thin adapters over the libraries' public APIs.
-    Entry("optax.clip_by_global_norm", _A + "optax_adapter:clip_by_global_norm", "optax",
-          "library", "optax.clip_by_global_norm(max_norm).update"),
-    Entry("torch.clip_grad_norm_", _A + "torch_adapter:clip_grad_norm_", "torch", "library",
-          "torch.nn.utils.clip_grad_norm_(foreach=False) on .grad of parameters"),
-    Entry("torch.clip_grad_norm_.foreach", _A + "torch_adapter:clip_grad_norm_foreach", "torch",
-          "library", "torch.nn.utils.clip_grad_norm_(foreach=True)"),
-    Entry("torch.clip_grads_with_norm_", _A + "torch_adapter:clip_grads_with_norm_", "torch",
-          "library", "torch.nn.utils.get_total_norm + clip_grads_with_norm_"),
-    Entry("tensorflow.clip_by_global_norm", _A + "tensorflow_adapter:clip_by_global_norm",
-          "tensorflow-cpu", "library", "tf.clip_by_global_norm"),
-    Entry("kups.ClipByGlobalNorm", _A + "kups_adapter:clip_by_global_norm", "kups", "library",
-          "kups.relaxation.transforms.ClipByGlobalNorm through kups' Index"),
-    Entry("kups.MaxStepSize", _A + "kups_adapter:max_step_size", "kups", "library",
-          "kups.relaxation.transforms.MaxStepSize through kups' Index"),
-    Entry("brainstate.clip_grad_norm", _A + "brainstate_adapter:clip_grad_norm", "brainstate",
-          "library", "brainstate.nn.clip_grad_norm(return_norm=True)"),
-    Entry("jax_privacy.clip_pytree", _A + "jax_privacy_adapter:clip_pytree_nan_safe",
-          "jax-privacy", "library", "jax_privacy.clipping.clip_pytree(nan_safe=True)"),
-    Entry("jax_privacy.clip_pytree.nan_unsafe", _A + "jax_privacy_adapter:clip_pytree_nan_unsafe",
-          "jax-privacy", "library", "jax_privacy.clipping.clip_pytree(nan_safe=False)"),
-    Entry("declearn.L2GlobalClipping", _A + "declearn_adapter:l2_global_clipping_numpy",
-          "declearn", "library", "declearn L2GlobalClipping on a NumpyVector"),
-    Entry("declearn.L2GlobalClipping.torch", _A + "declearn_adapter:l2_global_clipping_torch",
-          "declearn", "library", "declearn L2GlobalClipping on a TorchVector"),
-    # Plain code a user would write first: the speed bar of issue 4 on W2/W3.
+    _adapter("optax.clip_by_global_norm", "optax_adapter:clip_by_global_norm", "optax", "jax",
+             "optax.clip_by_global_norm(max_norm).update"),
+    _adapter("torch.clip_grad_norm_", "torch_adapter:clip_grad_norm_", "torch", "torch",
+             "torch.nn.utils.clip_grad_norm_(foreach=False) on .grad of parameters",
+             families=_GLOBAL_AND_P, devices=_CPU_CUDA),
+    _adapter("torch.clip_grad_norm_.foreach", "torch_adapter:clip_grad_norm_foreach", "torch",
+             "torch", "torch.nn.utils.clip_grad_norm_(foreach=True)", families=_GLOBAL_AND_P,
+             devices=_CPU_CUDA),
+    _adapter("torch.clip_grads_with_norm_", "torch_adapter:clip_grads_with_norm_", "torch",
+             "torch", "torch.nn.utils.get_total_norm + clip_grads_with_norm_",
+             families=_GLOBAL_AND_P, devices=_CPU_CUDA),
+    _adapter("tensorflow.clip_by_global_norm", "tensorflow_adapter:clip_by_global_norm",
+             "tensorflow-cpu", "tensorflow", "tf.clip_by_global_norm"),
+    _adapter("kups.ClipByGlobalNorm", "kups_adapter:clip_by_global_norm", "kups", "jax",
+             "kups.relaxation.transforms.ClipByGlobalNorm through kups' Index",
+             families=frozenset({"global", "per_system"}), slow=_SLOW_KUPS_W4),
+    _adapter("kups.MaxStepSize", "kups_adapter:max_step_size", "kups", "jax",
+             "kups.relaxation.transforms.MaxStepSize through kups' Index",
+             families=frozenset({"max_step"})),
+    _adapter("brainstate.clip_grad_norm", "brainstate_adapter:clip_grad_norm", "brainstate",
+             "jax", "brainstate.nn.clip_grad_norm(return_norm=True)", families=_GLOBAL_AND_P,
+             slow=_SLOW_BRAINSTATE_W4),
+    _adapter("jax_privacy.clip_pytree", "jax_privacy_adapter:clip_pytree_nan_safe",
+             "jax-privacy", "jax", "jax_privacy.clipping.clip_pytree(nan_safe=True)"),
+    _adapter("jax_privacy.clip_pytree.nan_unsafe", "jax_privacy_adapter:clip_pytree_nan_unsafe",
+             "jax-privacy", "jax", "jax_privacy.clipping.clip_pytree(nan_safe=False)"),
+    _adapter("declearn.L2GlobalClipping", "declearn_adapter:l2_global_clipping_numpy",
+             "declearn", "numpy", "declearn L2GlobalClipping on a NumpyVector"),
+    _adapter("declearn.L2GlobalClipping.torch", "declearn_adapter:l2_global_clipping_torch",
+             "declearn", "torch", "declearn L2GlobalClipping on a TorchVector"),
+    # Plain code a user would write first: the speed bar of issue 4 on W2/W3, timed on those
+    # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
-          "baseline", "plain jax.ops.segment_sum / segment_max clipping under jax.jit"),
+          "baseline", "plain jax.ops.segment_sum / segment_max clipping under jax.jit",
+          framework="jax", families=_PER_SYSTEM),
 )
 
 
@@ -177,6 +268,11 @@ def all_entries() -> list[Entry]:
 
 def names() -> list[str]:
   return [e.name for e in all_entries()]
+
+
+def kind_of(name: str) -> str:
+  """The kind of the registered implementation ``name`` (``"outside"`` if unregistered)."""
+  return next((e.kind for e in all_entries() if e.name == name), "outside")
 
 
 def load(spec: str) -> Implementation:

@@ -3,6 +3,10 @@
 Every check runs before any work and raises with a message that starts with the name of the
 offending argument (``leaves[2]``, ``max_norm``, ``norm_type``, ``segments[1]``, ...), the way
 torch's OpInfo ``error_inputs`` pin both the type and the message.
+
+These checks are written independently of the own implementations' (``impls/own/validation``)
+on purpose: the reference is the oracle they are judged against, and an oracle sharing their
+code would share their mistakes.
 """
 
 from __future__ import annotations

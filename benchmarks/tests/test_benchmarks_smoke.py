@@ -5,7 +5,6 @@ Fast (tiny scales) so the suite cannot rot unnoticed; full benchmark runs are no
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -13,20 +12,18 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import types
-from typing import Any
 
 import numpy as np
 import pytest
 
-from clipbench.benchmarks import (accuracy, bandwidth, bench_clipping, cases, grid, roofline,
-                                  workloads)
+from clipbench.benchmarks import (accuracy, bandwidth, bench_clipping, grid, grid_point,
+                                  roofline, run_folder, timing, workloads)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = 0.001
 
 
-def _system_norms(inputs: workloads.Inputs) -> np.ndarray:
+def _system_norms(inputs: workloads.WorkloadInputs) -> np.ndarray:
   sq = np.zeros(inputs.num_systems)
   for leaf, seg in zip(inputs.leaves, inputs.segments):
     rows = np.sum(leaf.reshape(leaf.shape[0], -1).astype(np.float64) ** 2, axis=1)
@@ -188,11 +185,11 @@ def _setup_or_skip(instance, *args) -> None:
 @pytest.fixture
 def tiny_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> dict:
   """What asv's setup_cache hands the benchmarks, at a tiny scale, in a scratch folder."""
-  monkeypatch.setenv(bench_clipping.SCALE_ENV, str(TINY))
+  monkeypatch.setenv(grid_point.SCALE_ENV, str(TINY))
   # JAX opens its persistent cache once per process: keep the tests' programs out of ~/.cache.
-  monkeypatch.setenv(bench_clipping.JAX_CACHE_ENV, str(tmp_path / "jax-cache"))
+  monkeypatch.setenv(grid_point.JAX_CACHE_ENV, str(tmp_path / "jax-cache"))
   # asv gives each grid point a fresh process; here the process caches must be emptied.
-  for cache in (bench_clipping._LOADED, bench_clipping._INPUTS, bench_clipping._RECORDED):
+  for cache in (grid_point._LOADED, grid_point._INPUTS, grid_point._RECORDED):
     cache.clear()
   bw = bandwidth.measure_copy_bandwidth(nbytes=1 << 22, repeats=2)
   return {"bandwidth_bytes": bw, "run_dir": str(tmp_path / "run")}
@@ -211,15 +208,15 @@ def test_asv_classes_run_once(family: str, impl: str, workload: str, tiny_run: d
   speed.setup(tiny_run, *params)  # asv re-runs setup before each timed call
   speed.time_clip(tiny_run, *params)
   speed.teardown(tiny_run, *params)
-  figures = bench_clipping.read_figures(tiny_run, *params)
+  figures = grid_point.read_figures(tiny_run, *params)
   assert figures is not None and figures["median_seconds"] > 0 and figures["bytes_moved"] > 0
   assert figures["max_ulp_error"] >= 0
 
   # The Track processes read the recorded figures without loading the implementation.
   track = track_cls()
   with monkeypatch.context() as m:
-    m.setattr(bench_clipping, "load", None)
-    m.setattr(bench_clipping, "_load_or_skip", None)
+    m.setattr(grid_point, "load", None)
+    m.setattr(grid_point, "load_or_skip", None)
     track.setup(tiny_run, *params)
     ratio = track.track_roofline_ratio(tiny_run, *params)
     ulp = track.track_max_ulp_error(tiny_run, *params)
@@ -241,17 +238,17 @@ def test_speed_and_track_skips_are_shared(tiny_run: dict, monkeypatch: pytest.Mo
   # A reason found by loading (here: a dtype the implementation does not declare) is recorded
   # by the speed process, so the Track processes skip without loading anything.
   params = ("torch.clip_grad_norm_", "W4-many-small", "float32", "cpu")
-  monkeypatch.setattr(cases, "load_case", lambda *a: (None, None, "not declared here"))
+  monkeypatch.setattr(timing, "load_case", lambda *a: (None, None, "not declared here"))
   with pytest.raises(NotImplementedError, match="not declared here"):
     bench_clipping.GlobalCpu().setup(tiny_run, *params)
-  monkeypatch.setattr(cases, "load_case", None)
+  monkeypatch.setattr(timing, "load_case", None)
   with pytest.raises(NotImplementedError, match="not declared here"):
     bench_clipping.GlobalCpuTrack().setup(tiny_run, *params)
 
 
 def test_asv_skips_cuda_without_gpu(tiny_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-  monkeypatch.setattr(cases, "cuda_device_node_present", lambda: False)
-  monkeypatch.setattr(cases, "load_case", None)  # decided without loading anything
+  monkeypatch.setattr(timing, "cuda_device_node_present", lambda: False)
+  monkeypatch.setattr(timing, "load_case", None)  # decided without loading anything
   params = ("torch.clip_grad_norm_", "W1-model", "float32", "cuda")
   for cls in (bench_clipping.GlobalCuda, bench_clipping.GlobalCudaTrack):
     with pytest.raises(NotImplementedError, match="CUDA"):
@@ -259,7 +256,7 @@ def test_asv_skips_cuda_without_gpu(tiny_run: dict, monkeypatch: pytest.MonkeyPa
 
 
 def test_static_skips(tiny_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-  monkeypatch.setattr(cases, "load_case", None)  # every reason here is decided statically
+  monkeypatch.setattr(timing, "load_case", None)  # every reason here is decided statically
   monkeypatch.delenv("JAX_ENABLE_X64", raising=False)
   monkeypatch.delenv(grid.SLOW_ENV, raising=False)
   with pytest.raises(NotImplementedError, match="JAX_ENABLE_X64"):
@@ -294,104 +291,13 @@ def test_grid_env_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     assert grid.jax_x64_from_env() is value
 
 
-def test_grid_matches_workloads_and_registry() -> None:
-  assert grid.ALL_DTYPES == workloads.DTYPES and grid.DEVICES == cases.DEVICES
-  in_families = [w for f in grid.FAMILIES for w in f.workloads]
-  assert sorted(in_families) == sorted(workloads.NAMES)  # each workload in exactly one family
-  assert sorted(e.name for e in grid.IMPLS) == sorted(cases.timed_impl_names())
-  for speed, track in zip(bench_clipping.SPEED_CLASSES, bench_clipping.TRACK_CLASSES):
-    assert track.__name__ == speed.__name__ + "Track" and track.params == speed.params
-    impls, names, dtypes, devices = speed.params
-    assert impls and names and dtypes == list(grid.dtypes()) and len(devices) == 1
-    fam = grid.family_of(names[0])
-    assert all(grid.family_of(w) == fam for w in names)
-    for impl in impls:  # no dead points: the table says each one can run on some machine
-      entry = grid.entry(impl)
-      assert fam in entry.families and devices[0] in entry.devices
-
-
-def _declared(name: str) -> Any:
-  """The loaded implementation ``name``, or None when it cannot be loaded here.
-
-  Triton needs a GPU or its interpreter; without a GPU it is loaded under the interpreter in a
-  subprocess (the interpreter would leak into every other test here) and rebuilt from what it
-  declares: framework, operations, capabilities.
-  """
-  from clipbench.impls import registry
-  impl = registry.load(name)
-  if impl.available or name != "clipbench.triton":
-    return impl if impl.available else None
-  code = ("import dataclasses, json\n"
-          "from clipbench.impls.registry import load\n"
-          f"i = load({name!r})\n"
-          "print(json.dumps([i.available, i.framework, i.ops,"
-          " dataclasses.asdict(i.capabilities)]))\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
-  if out.returncode != 0:
-    return None
-  available, framework, ops, caps = json.loads(out.stdout.strip().splitlines()[-1])
-  if not available:
-    return None
-  from clipbench.protocol import as_capabilities
-  obj = types.SimpleNamespace(**{op: (lambda *a, **k: None) for op in ops})
-  return dataclasses.replace(impl, available=True, obj=obj, framework=framework,
-                             capabilities=as_capabilities(caps))
-
-
-def _families(impl: Any) -> set[str]:
-  """The families whose every workload ``cases.skip_reason`` lets ``impl`` run.
-
-  Asked for a dtype and a device the implementation declares: the table states families;
-  dtypes and devices are checked separately.
-  """
-  caps = impl.capabilities
-  dtype = next(d for d in grid.ALL_DTYPES if d in caps.dtypes)
-  device = "cpu" if "cpu" in caps.devices else caps.devices[0]
-  return {fam.name for fam in grid.FAMILIES
-          if all(cases.skip_reason(impl, workloads.get(w), dtype, device) is None
-                 for w in fam.workloads)}
-
-
-@pytest.mark.parametrize("name", cases.timed_impl_names())
-def test_static_table_matches_declared_capabilities(name: str) -> None:
-  entry = grid.entry(name)
-  assert entry is not None, f"{name} is registered but missing from grid.IMPLS"
-  impl = _declared(name)
-  if impl is None:
-    pytest.skip(f"{name} cannot be loaded here")
-  framework, caps = impl.framework, impl.capabilities
-  assert entry.framework == framework
-  if impl.kind == "baseline":
-    # A baseline is timed only where it is the bar (the baseline segment_sum: per-system).
-    assert set(entry.families) <= _families(impl)
-  else:
-    assert set(entry.families) == _families(impl)
-  devices = set(caps.devices)
-  if name == "clipbench.triton":
-    devices.discard("cpu")  # the interpreter (tests only) is not a device to benchmark
-  assert ("cpu" in devices) == ("cpu" in entry.devices)
-  assert devices <= set(entry.devices)
-  if "cuda" in entry.devices and "cuda" not in devices:
-    assert not cases.cuda_device_node_present(), f"{name} declares no cuda on a GPU machine"
-  # Every grid dtype is declared, but float64 for JAX, which declares it exactly with x64 on
-  # (the static skip assumes so).
-  expected = set(grid.ALL_DTYPES)
-  if framework == "jax":
-    import jax
-    assert ("float64" in caps.dtypes) == bool(jax.config.jax_enable_x64)
-    expected.discard("float64")
-  assert expected <= set(caps.dtypes)
-  assert entry.slow_workloads <= {w for f in entry.families for w in grid.family(f).workloads}
-
-
 @pytest.mark.parametrize("name,dtype", [("W2-relax", "bfloat16"), ("W1-model-pinf", "float64"),
                                         ("W4-many-small", "float32")])
 def test_cached_inputs_round_trip(name: str, dtype: str, tmp_path: pathlib.Path) -> None:
   inputs = workloads.get(name).build(TINY, dtype)
   path = str(tmp_path / "inputs.npz")
-  bench_clipping.save_inputs(path, inputs)
-  again = bench_clipping.load_inputs(path, dtype)
+  run_folder.save_inputs(path, inputs)
+  again = run_folder.load_inputs(path, dtype)
   assert len(again.leaves) == len(inputs.leaves)
   for a, b in zip(inputs.leaves, again.leaves):
     assert a.dtype == b.dtype and a.shape == b.shape
@@ -408,22 +314,22 @@ def test_cached_inputs_round_trip(name: str, dtype: str, tmp_path: pathlib.Path)
 def test_jax_compilation_cache_switch(tmp_path: pathlib.Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
   jax = pytest.importorskip("jax")
-  monkeypatch.setenv(bench_clipping.JAX_CACHE_ENV, str(tmp_path / "jax"))
-  assert bench_clipping.enable_jax_compilation_cache() == str(tmp_path / "jax")
+  monkeypatch.setenv(grid_point.JAX_CACHE_ENV, str(tmp_path / "jax"))
+  assert grid_point.enable_jax_compilation_cache() == str(tmp_path / "jax")
   assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
   assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
   assert jax.config.jax_persistent_cache_min_entry_size_bytes == -1
-  monkeypatch.delenv(bench_clipping.JAX_CACHE_ENV)
+  monkeypatch.delenv(grid_point.JAX_CACHE_ENV)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-  assert bench_clipping.jax_cache_dir() == str(tmp_path / "xdg" / "clipbench" / "jax")
+  assert grid_point.jax_cache_dir() == str(tmp_path / "xdg" / "clipbench" / "jax")
 
 
 def test_asv_scale_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-  monkeypatch.delenv(bench_clipping.SCALE_ENV, raising=False)
-  assert bench_clipping.asv_scale() == 1.0
-  monkeypatch.setenv(bench_clipping.SCALE_ENV, "nope")
-  with pytest.raises(ValueError, match=bench_clipping.SCALE_ENV):
-    bench_clipping.asv_scale()
+  monkeypatch.delenv(grid_point.SCALE_ENV, raising=False)
+  assert grid_point.asv_scale() == 1.0
+  monkeypatch.setenv(grid_point.SCALE_ENV, "nope")
+  with pytest.raises(ValueError, match=grid_point.SCALE_ENV):
+    grid_point.asv_scale()
 
 
 def test_suite_import_loads_no_framework() -> None:
@@ -431,7 +337,7 @@ def test_suite_import_loads_no_framework() -> None:
   # process): no framework, hence no CUDA context, may be loaded before a benchmark's setup.
   code = ("import sys\n"
           "import clipbench.benchmarks.bench_clipping, clipbench.benchmarks.bench_workloads\n"
-          "import clipbench.benchmarks.grid\n"
+          "import clipbench.benchmarks.grid, clipbench.benchmarks.grid_point\n"
           "import clipbench.benchmarks.conftest, clipbench.benchmarks.roofline\n"
           "print(','.join(m for m in ('torch', 'jax', 'tensorflow', 'triton', 'numba')"
           " if m in sys.modules))\n")

@@ -10,11 +10,11 @@ the inputs on the library's behalf: values are never checked here.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 
-from clipbench.protocol import DTYPES
+from clipbench.protocol import DTYPES, Capabilities
 
 # Every wrapped function is plain JAX code; each adapter's module docstring records the check
 # that jit, vmap and grad run through it as its users would call it.
@@ -34,6 +34,13 @@ def supported_dtypes() -> tuple[str, ...]:
   if x64_enabled():
     return DTYPES
   return tuple(d for d in DTYPES if d != "float64")
+
+
+def capabilities(**declared: Any) -> Capabilities:
+  """A JAX library adapter's declaration: the dtypes JAX holds here, jit/vmap/grad, and
+  ``declared``, the fields where the library differs from ``Capabilities``' defaults (global,
+  L2 only, non-finite values propagated, functional, mixed dtypes, CPU)."""
+  return Capabilities(dtypes=supported_dtypes(), transforms=JAX_TRANSFORMS, **declared)
 
 
 def require_l2(norm_type: float, library: str) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import brainstate
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.protocol import ANY_NORM_TYPE, Capabilities
+from clipbench.protocol import ANY_NORM_TYPE
 
 _LIBRARY = "brainstate.nn.clip_grad_norm"
 
@@ -35,17 +35,7 @@ class BrainstateClipGradNorm:
   framework = "jax"
   library = "brainstate"
   description = "brainstate.nn.clip_grad_norm(leaves, max_norm, norm_type=p, return_norm=True)"
-  capabilities = Capabilities(
-      per_system=False,
-      per_system_max=False,
-      norm_types=ANY_NORM_TYPE,
-      dtypes=_jax_common.supported_dtypes(),
-      nonfinite=("propagate",),
-      returns_norm=True,
-      in_place=False,
-      transforms=_jax_common.JAX_TRANSFORMS,
-      mixed_dtypes=True,
-  )
+  capabilities = _jax_common.capabilities(norm_types=ANY_NORM_TYPE)
 
   # The library call a bug report would show (the suite's reproducer appends it).
   reproducer = ("import brainstate\nimport jax.numpy as jnp\n"

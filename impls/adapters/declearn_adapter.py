@@ -59,18 +59,14 @@ def _check_options(norm_type: float, nonfinite: str) -> None:
 def _capabilities() -> Capabilities:
   # Global L2 only, no norm returned, functional. Both vector types accept float16, bfloat16
   # (numpy through ml_dtypes), float32, float64 and mixtures (they run, promoting dtypes).
-  return Capabilities(
-      per_system=False,
-      per_system_max=False,
-      norm_types=(2.0,),
-      dtypes=("float16", "bfloat16", "float32", "float64"),
-      nonfinite=("propagate",),
-      returns_norm=False,
-      in_place=False,
-      transforms=(),
-      devices=("cpu",),
-      mixed_dtypes=True,
-  )
+  return Capabilities(returns_norm=False)
+
+
+def _clip(vector_type: type, leaves: Sequence[Any], max_norm: float) -> list[Any]:
+  """``L2GlobalClipping(max_norm).run`` on the leaves as one declearn vector, leaf order kept."""
+  names = _names(len(leaves))
+  clipped = L2GlobalClipping(max_norm).run(vector_type(dict(zip(names, leaves))))
+  return [clipped.coefs[k] for k in names]
 
 
 class L2GlobalClippingNumpy:
@@ -89,10 +85,7 @@ class L2GlobalClippingNumpy:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[np.ndarray], None]:
     _check_options(norm_type, nonfinite)
-    names = _names(len(leaves))
-    vector = NumpyVector(dict(zip(names, leaves)))
-    clipped = L2GlobalClipping(max_norm).run(vector)
-    return [clipped.coefs[k] for k in names], None
+    return _clip(NumpyVector, leaves, max_norm), None
 
 
 class L2GlobalClippingTorch:
@@ -114,12 +107,9 @@ class L2GlobalClippingTorch:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:
     _check_options(norm_type, nonfinite)
-    names = _names(len(leaves))
     tensors = [x if isinstance(x, torch.Tensor) else frameworks.to_framework(x, "torch")
                for x in leaves]
-    vector = TorchVector(dict(zip(names, tensors)))
-    clipped = L2GlobalClipping(max_norm).run(vector)
-    return [clipped.coefs[k] for k in names], None
+    return _clip(TorchVector, tensors, max_norm), None
 
 
 l2_global_clipping_numpy = L2GlobalClippingNumpy()

@@ -29,7 +29,6 @@ from typing import Any, Sequence
 from jax_privacy import clipping
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.protocol import Capabilities
 
 _LIBRARY = "jax_privacy.clipping.clip_pytree"
 
@@ -53,17 +52,7 @@ class JaxPrivacyClipPytree:
         "import jax.numpy as jnp\nfrom jax_privacy import clipping\n"
         "out, norm = clipping.clip_pytree([jnp.asarray(x) for x in leaves], threshold, "
         f"nan_safe={nan_safe})\nprint(out, norm)")
-    self.capabilities = Capabilities(
-        per_system=False,
-        per_system_max=False,
-        norm_types=(2.0,),
-        dtypes=_jax_common.supported_dtypes(),
-        nonfinite=(self.mode,),
-        returns_norm=True,
-        in_place=False,
-        transforms=_jax_common.JAX_TRANSFORMS,
-        mixed_dtypes=True,
-    )
+    self.capabilities = _jax_common.capabilities(nonfinite=(self.mode,))
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str | None = None) -> tuple[list[Any], Any]:

@@ -34,21 +34,17 @@ from kups.core.data.index import Index
 from kups.relaxation import transforms
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.protocol import Capabilities
 
 
-def _capabilities() -> Capabilities:
-  return Capabilities(
-      per_system=True,
-      per_system_max=False,
-      norm_types=(2.0,),
-      dtypes=_jax_common.supported_dtypes(),
-      nonfinite=("propagate",),
-      returns_norm=False,
-      in_place=False,
-      transforms=_jax_common.JAX_TRANSFORMS,
-      mixed_dtypes=True,
-  )
+def _reproducer(transform: str) -> str:
+  """The library call a bug report would show (the suite's reproducer appends it)."""
+  return ("import jax.numpy as jnp\nfrom kups.core.data.index import Index\n"
+          "from kups.relaxation import transforms\n"
+          "updates = [jnp.asarray(x) for x in leaves]\n"
+          "prefix = None if segments is None else [Index.integer(s, n=num_systems) "
+          "for s in segments]\n"
+          f"opt = transforms.{transform}\n"
+          "out, _ = opt.update(updates, opt.init(updates, prefix))\nprint(out)")
 
 
 def _index_prefix(segments: Sequence[Any] | None, num_systems: int | None) -> list[Index] | None:
@@ -72,15 +68,8 @@ class KupsClipByGlobalNorm:
   library = "kups"
   description = ("kups.relaxation.transforms.ClipByGlobalNorm(max_norm).update with "
                  "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
-  # The library call a bug report would show (the suite's reproducer appends it).
-  reproducer = ("import jax.numpy as jnp\nfrom kups.core.data.index import Index\n"
-                "from kups.relaxation import transforms\n"
-                "updates = [jnp.asarray(x) for x in leaves]\n"
-                "prefix = None if segments is None else [Index.integer(s, n=num_systems) "
-                "for s in segments]\n"
-                "opt = transforms.ClipByGlobalNorm(max_norm=threshold)\n"
-                "out, _ = opt.update(updates, opt.init(updates, prefix))\nprint(out)")
-  capabilities = _capabilities()
+  reproducer = _reproducer("ClipByGlobalNorm(max_norm=threshold)")
+  capabilities = _jax_common.capabilities(per_system=True, returns_norm=False)
 
   def clip_by_global_norm(self, leaves: Sequence[Any], max_norm: Any, *,
                           segments: Sequence[Any] | None = None, num_systems: int | None = None,
@@ -98,15 +87,8 @@ class KupsMaxStepSize:
   library = "kups"
   description = ("kups.relaxation.transforms.MaxStepSize(max_step_size).update with "
                  "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
-  # The library call a bug report would show (the suite's reproducer appends it).
-  reproducer = ("import jax.numpy as jnp\nfrom kups.core.data.index import Index\n"
-                "from kups.relaxation import transforms\n"
-                "updates = [jnp.asarray(x) for x in leaves]\n"
-                "prefix = None if segments is None else [Index.integer(s, n=num_systems) "
-                "for s in segments]\n"
-                "opt = transforms.MaxStepSize(max_step_size=threshold)\n"
-                "out, _ = opt.update(updates, opt.init(updates, prefix))\nprint(out)")
-  capabilities = _capabilities()
+  reproducer = _reproducer("MaxStepSize(max_step_size=threshold)")
+  capabilities = _jax_common.capabilities(per_system=True, returns_norm=False)
 
   def clip_by_max_step(self, leaves: Sequence[Any], max_step: Any, *,
                        segments: Sequence[Any] | None = None, num_systems: int | None = None,

@@ -25,7 +25,6 @@ from typing import Any, Sequence
 import optax
 
 from clipbench.impls.adapters import _jax_common
-from clipbench.protocol import Capabilities
 
 _LIBRARY = "optax.clip_by_global_norm"
 
@@ -36,17 +35,7 @@ class OptaxClipByGlobalNorm:
   framework = "jax"
   library = "optax"
   description = "optax.clip_by_global_norm(max_norm).update(leaves, init(leaves))"
-  capabilities = Capabilities(
-      per_system=False,
-      per_system_max=False,
-      norm_types=(2.0,),
-      dtypes=_jax_common.supported_dtypes(),
-      nonfinite=("propagate",),
-      returns_norm=False,
-      in_place=False,
-      transforms=_jax_common.JAX_TRANSFORMS,
-      mixed_dtypes=True,
-  )
+  capabilities = _jax_common.capabilities(returns_norm=False)
 
   # The library call a bug report would show (the suite's reproducer appends it).
   reproducer = ("import jax.numpy as jnp\nimport optax\n"

@@ -39,18 +39,7 @@ class ClipByGlobalNorm:
   # Global L2 only. All four float dtypes run; mixing dtypes raises InvalidArgumentError in
   # tf.stack of the per-tensor l2_loss values, hence mixed_dtypes=False. tf.function is not one
   # of the suite's transforms.
-  capabilities = Capabilities(
-      per_system=False,
-      per_system_max=False,
-      norm_types=(2.0,),
-      dtypes=("float16", "bfloat16", "float32", "float64"),
-      nonfinite=("propagate",),
-      returns_norm=True,
-      in_place=False,
-      transforms=(),
-      devices=("cpu",),
-      mixed_dtypes=False,
-  )
+  capabilities = Capabilities(mixed_dtypes=False)
   description = ("tf.clip_by_global_norm(t_list, clip_norm): scale "
                  "clip_norm*min(1/norm, 1/clip_norm) + (norm-norm), norm in the leaf dtype")
 

@@ -41,18 +41,10 @@ _COMPILE = ("torch.compile",)
 
 
 def _capabilities(transforms: tuple[str, ...]) -> Capabilities:
+  # Global only, every float dtype, non-finite values propagated (Capabilities' defaults).
   return Capabilities(
-      per_system=False,
-      per_system_max=False,
-      norm_types=ANY_NORM_TYPE,
-      dtypes=("float16", "bfloat16", "float32", "float64"),
-      nonfinite=("propagate",),
-      returns_norm=True,
-      in_place=True,
-      transforms=transforms,
-      devices=("cpu", "cuda") if torch.cuda.is_available() else ("cpu",),
-      mixed_dtypes=True,
-  )
+      norm_types=ANY_NORM_TYPE, in_place=True, transforms=transforms,
+      devices=("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
 
 
 def _as_tensor(leaf: Any) -> torch.Tensor:
@@ -74,6 +66,13 @@ def _parameters_with_grads(grads: Sequence[torch.Tensor]) -> list[torch.nn.Param
     p.grad = g
     params.append(p)
   return params
+
+
+def _grads_of_parameters(
+    leaves: Sequence[Any]) -> tuple[list[torch.Tensor], list[torch.nn.Parameter]]:
+  """The leaves as tensors, and the parameters holding them as ``.grad``."""
+  grads = [_as_tensor(x) for x in leaves]
+  return grads, _parameters_with_grads(grads)
 
 
 def _check_nonfinite(nonfinite: str) -> None:
@@ -112,8 +111,7 @@ class ClipGradNorm:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[torch.Tensor], torch.Tensor]:
     _check_nonfinite(nonfinite)
-    grads = [_as_tensor(x) for x in leaves]
-    params = _parameters_with_grads(grads)
+    grads, params = _grads_of_parameters(leaves)
     total_norm = torch.nn.utils.clip_grad_norm_(
         params, max_norm, norm_type=norm_type, foreach=self.foreach)
     return grads, total_norm
@@ -137,8 +135,7 @@ class ClipGradsWithNorm:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[torch.Tensor], torch.Tensor]:
     _check_nonfinite(nonfinite)
-    grads = [_as_tensor(x) for x in leaves]
-    params = _parameters_with_grads(grads)
+    grads, params = _grads_of_parameters(leaves)
     total_norm = torch.nn.utils.get_total_norm(
         [p.grad for p in params], norm_type=norm_type)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)

@@ -1,4 +1,5 @@
-"""One benchmark case (implementation x workload x dtype x device): can it run, and its call.
+"""Timing one benchmark case (implementation x workload x dtype x device): can it run here,
+its prepared arguments, the call that is timed and its median time.
 
 Shared by asv (``bench_clipping``) and pytest-benchmark (``bench_workloads``) so both skip the
 same cases for the same reasons and time the same call. A case that cannot run here (library
@@ -29,22 +30,9 @@ from typing import Callable
 
 from clipbench.benchmarks import workloads
 from clipbench.impls import calling
-from clipbench.impls.registry import BUILTIN, Implementation, load
+from clipbench.impls.registry import DEVICES, Implementation, load
 
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
 JIT_MAX_LEAVES = 1000
-
-
-def timed_impl_names() -> tuple[str, ...]:
-  """Built-in implementations that are timed: all but the exact (and slow) reference."""
-  return tuple(e.name for e in BUILTIN if e.kind != "reference")
-
-
-def kind_of(name: str) -> str:
-  for entry in BUILTIN:
-    if entry.name == name:
-      return entry.kind
-  return "outside"
 
 
 def cuda_device_node_present() -> bool:
@@ -122,7 +110,7 @@ def load_case(impl_name: str, workload_name: str, dtype: str,
   return impl, workload, skip_reason(impl, workload, dtype, device)
 
 
-def prepare(impl: Implementation, workload: workloads.Workload, inputs: workloads.Inputs,
+def prepare(impl: Implementation, workload: workloads.Workload, inputs: workloads.WorkloadInputs,
             device: str) -> calling.Prepared:
   """Framework-side arguments of the case, built outside any timed region."""
   op = resolve_op(impl, workload)

@@ -1,0 +1,282 @@
+"""One point of the asv grids (impl x workload x dtype x device), as asv's processes use it.
+
+asv starts a fresh process per grid point and metric and re-runs ``setup`` around every timed
+call (asv#966), so a point is loaded, its inputs built and converted and its call warmed up
+once per process (``load``). The first speed process of a point measures the Track figures
+after asv has read its own (``record_figures``) and leaves them in the run's folder
+(``run_folder``); the Track processes read them, or measure by themselves when they find none.
+Every reason a point cannot run becomes asv's ``SkipNotImplemented``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+from clipbench.benchmarks import accuracy, bandwidth, grid, run_folder, timing, workloads
+from clipbench.impls import calling, frameworks
+from clipbench.impls.registry import Implementation
+
+try:
+  from asv_runner.benchmarks.mark import SkipNotImplemented
+except ImportError:  # asv < 0.6: a NotImplementedError from setup is a skip too.
+  SkipNotImplemented = NotImplementedError
+
+SCALE_ENV = "CLIPBENCH_ASV_SCALE"
+JAX_CACHE_ENV = "CLIPBENCH_JAX_CACHE_DIR"
+ACCURACY_ELEMENTS = 4096
+PARAM_NAMES = ("impl", "workload", "dtype", "device")
+TIMEOUT_SECONDS = 1800.0 if grid.run_slow() else 600.0
+
+# What setup_cache hands every benchmark of the run: {"bandwidth_bytes": float,
+# "run_dir": str or None}.
+Run = dict[str, Any]
+Point = run_folder.Point
+
+
+def start_run() -> Run:
+  """The run's shared state: one copy-bandwidth probe and asv's working folder of the run."""
+  return {"bandwidth_bytes": bandwidth.measure_copy_bandwidth(), "run_dir": os.getcwd()}
+
+
+def asv_scale() -> float:
+  """The workload scale of this run, from ``CLIPBENCH_ASV_SCALE`` (default 1.0)."""
+  text = os.environ.get(SCALE_ENV, "1.0")
+  try:
+    scale = float(text)
+  except ValueError:
+    scale = math.nan
+  if not (scale > 0 and math.isfinite(scale)):
+    raise ValueError(f"{SCALE_ENV}: expected a positive number, got {text!r}")
+  return scale
+
+
+def jax_cache_dir() -> str:
+  """Where JAX's persistent compilation cache lives: the env override, else the user cache."""
+  override = os.environ.get(JAX_CACHE_ENV)
+  if override:
+    return os.path.abspath(os.path.expanduser(override))
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "clipbench", "jax")
+
+
+def enable_jax_compilation_cache() -> str:
+  """Turns on JAX's persistent compilation cache for every program, whatever its compile time.
+
+  Must run before the process's first compilation: JAX opens the cache once, at that moment.
+  Imports jax, so it is called only for JAX implementations.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  path = jax_cache_dir()
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  # -1: no minimum entry size and no backend override of it (0 would allow an override).
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  return path
+
+
+def _run_dir(run: Run | None) -> str | None:
+  return None if not run else run.get("run_dir")
+
+
+# Per-process caches: asv runs one grid point per process and re-runs setup around each call.
+_INPUTS: dict[tuple[str, float, str], workloads.WorkloadInputs] = {}
+
+
+def _inputs(workload: workloads.Workload, scale: float, dtype: str,
+            run_dir: str | None) -> workloads.WorkloadInputs:
+  """The workload's inputs: from this process, else from the run's folder, else built."""
+  key = (workload.name, scale, dtype)
+  if key in _INPUTS:
+    return _INPUTS[key]
+  _INPUTS.clear()  # one workload at a time: W1 in float64 alone is 128 MiB
+  path = run_dir and run_folder.inputs_path(run_dir, workload.name, dtype, scale)
+  inputs = None
+  if path and os.path.exists(path):
+    try:
+      inputs = run_folder.load_inputs(path, dtype)
+    except (OSError, ValueError, KeyError) as e:
+      print(f"clipbench: ignoring unreadable cached inputs {path}: {e}", file=sys.stderr)
+  if inputs is None:
+    inputs = workload.build(scale, dtype)
+    if path:
+      run_folder.save_inputs(path, inputs)
+  _INPUTS[key] = inputs
+  return inputs
+
+
+def static_skip_reason(impl: str, workload: str, dtype: str, device: str) -> str | None:
+  """A reason decidable without importing any framework, or None."""
+  return (timing.early_skip_reason(device)
+          or grid.static_skip_reason(impl, workload, dtype, device))
+
+
+def load_or_skip(impl_name: str, workload_name: str, dtype: str,
+                 device: str) -> tuple[Implementation, workloads.Workload]:
+  """The loaded implementation and workload of a point (raises SkipNotImplemented)."""
+  reason = static_skip_reason(impl_name, workload_name, dtype, device)
+  if reason:
+    raise SkipNotImplemented(reason)
+  entry = grid.entry(impl_name)
+  if entry is not None and entry.framework == "jax":
+    enable_jax_compilation_cache()  # before the implementation's module can compile anything
+  impl, workload, reason = timing.load_case(impl_name, workload_name, dtype, device)
+  if reason:
+    raise SkipNotImplemented(reason)
+  return impl, workload
+
+
+@dataclasses.dataclass
+class Loaded:
+  """One point, loaded and warmed up: what the timed call and the figures need."""
+
+  impl: Implementation
+  workload: workloads.Workload
+  dtype: str
+  device: str
+  inputs: workloads.WorkloadInputs
+  runner: Callable[[calling.Prepared], object]
+  warm: calling.Prepared | None  # the warmed-up preparation, None for in-place clipping
+
+  @property
+  def point(self) -> Point:
+    return (self.impl.name, self.workload.name, self.dtype, self.device)
+
+  def fresh(self) -> calling.Prepared:
+    """Arguments for one call: the warm ones, or new conversions when clipping in place."""
+    if self.warm is not None:
+      return self.warm
+    return timing.prepare(self.impl, self.workload, self.inputs, self.device)
+
+
+_LOADED: dict[tuple[str, str, str, str, float], Loaded] = {}
+
+
+def load(impl_name: str, workload_name: str, dtype: str, device: str,
+         run_dir: str | None = None) -> Loaded:
+  """The point, loaded once per process (raises SkipNotImplemented)."""
+  scale = asv_scale()
+  key = (impl_name, workload_name, dtype, device, scale)
+  case = _LOADED.get(key)
+  if case is None:
+    _LOADED.clear()
+    impl, workload = load_or_skip(impl_name, workload_name, dtype, device)
+    inputs = _inputs(workload, scale, dtype, run_dir)
+    prepared = timing.prepare(impl, workload, inputs, device)
+    runner = timing.timed_runner(impl, prepared)
+    runner(prepared)  # jit compilation and first-touch allocations, untimed
+    # The warm-up clipped in-place leaves: those are never timed again.
+    warm = None if impl.capabilities.in_place else prepared
+    case = Loaded(impl, workload, dtype, device, inputs, runner, warm)
+    _LOADED[key] = case
+  return case
+
+
+def load_for_speed(run: Run, *point: str) -> Loaded:
+  """``load`` for a speed process; a reason to skip is left in the run's folder as well."""
+  try:
+    return load(*point, run_dir=_run_dir(run))
+  except NotImplementedError as e:  # SkipNotImplemented subclasses it
+    run_dir = _run_dir(run)
+    if run_dir and run_folder.read_figures(run_dir, point, asv_scale()) is None:
+      run_folder.write_figures(run_dir, point, asv_scale(), {"skip": str(e)})
+    raise
+
+
+def median_seconds(case: Loaded) -> float:
+  """Median time of the timed call, every call on fresh inputs when clipping in place."""
+  if case.warm is not None:
+    warm = case.warm
+    return timing.median_call_seconds(lambda: case.runner(warm))
+  state: dict[str, calling.Prepared] = {}
+
+  def reset() -> None:
+    state["prepared"] = case.fresh()
+
+  return timing.median_call_seconds(lambda: case.runner(state["prepared"]), reset)
+
+
+def max_ulp_error(impl: Implementation, workload: workloads.Workload, dtype: str,
+                  device: str) -> float:
+  """Largest ulp error of the timed call against the exact reference, on a small input."""
+  try:
+    import clipbench.reference as reference  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise SkipNotImplemented(f"clipbench.reference not importable: {e}") from e
+  op = timing.resolve_op(impl, workload)
+  reference_function = getattr(reference, op or "", None)
+  if reference_function is None:
+    raise SkipNotImplemented(f"clipbench.reference has no {op}")
+  inputs = workload.build(workloads.scale_for_elements(workload, ACCURACY_ELEMENTS), dtype)
+  prepared = timing.prepare(impl, workload, inputs, device)
+  out, _ = calling.result_to_numpy(timing.timed_runner(impl, prepared)(prepared))
+  kwargs: dict[str, Any] = {}
+  if inputs.segments is not None:
+    kwargs.update(segments=list(inputs.segments), num_systems=inputs.num_systems)
+  if op != "clip_by_max_step" and inputs.norm_type != 2.0:
+    kwargs["norm_type"] = inputs.norm_type
+  ref, _ = reference_function([x.copy() for x in inputs.leaves], inputs.threshold, **kwargs)
+  return accuracy.max_ulp_error_leaves(out, [frameworks.to_numpy(r) for r in ref])
+
+
+def read_figures(run: Run | None, *point: str) -> dict[str, Any] | None:
+  """The figures a speed process of this run recorded for ``point``, or None."""
+  return run_folder.read_figures(_run_dir(run), point, asv_scale())
+
+
+_RECORDED: set[Point] = set()  # points this process has recorded (or tried to)
+
+
+def record_figures(run: Run | None, case: Loaded | None) -> None:
+  """Measures the Track figures of a loaded point once per run, unless already recorded."""
+  run_dir = _run_dir(run)
+  if case is None or not run_dir or case.point in _RECORDED:
+    return
+  _RECORDED.add(case.point)
+  if read_figures(run, *case.point) is not None:
+    return
+  try:
+    figures = {"median_seconds": median_seconds(case),
+               "bytes_moved": workloads.bytes_moved(case.inputs),
+               "max_ulp_error": max_ulp_error(case.impl, case.workload, case.dtype, case.device)}
+  except Exception:  # pylint: disable=broad-except
+    # Not this benchmark's failure: the Track processes measure by themselves and report it.
+    print("clipbench: recording the track figures failed; the Track benchmarks will measure "
+          "them:\n" + traceback.format_exc(), file=sys.stderr)
+    return
+  run_folder.write_figures(run_dir, case.point, asv_scale(), figures)
+
+
+def recorded_or_skip(run: Run, *point: str) -> dict[str, Any]:
+  """The recorded figures of ``point`` ({} when none); raises SkipNotImplemented for a point
+  that cannot run, decided statically or recorded by its speed process."""
+  reason = static_skip_reason(*point)
+  if reason:
+    raise SkipNotImplemented(reason)
+  figures = read_figures(run, *point) or {}
+  if "skip" in figures:
+    raise SkipNotImplemented(figures["skip"])
+  return figures
+
+
+def roofline_ratio(run: Run, figures: dict[str, Any], *point: str) -> float:
+  """Median call time over the roofline: from ``figures``, else measured here."""
+  if "median_seconds" in figures:
+    seconds, nbytes = figures["median_seconds"], figures["bytes_moved"]
+  else:
+    case = load(*point, run_dir=_run_dir(run))
+    seconds, nbytes = median_seconds(case), workloads.bytes_moved(case.inputs)
+  return bandwidth.roofline_ratio(seconds, nbytes, run["bandwidth_bytes"])
+
+
+def ulp_error(figures: dict[str, Any], *point: str) -> float:
+  """The largest ulp error against the reference: from ``figures``, else measured here."""
+  if "max_ulp_error" in figures:
+    return float(figures["max_ulp_error"])
+  impl, workload = load_or_skip(*point)
+  return max_ulp_error(impl, workload, *point[2:])

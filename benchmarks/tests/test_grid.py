@@ -1,0 +1,189 @@
+"""The benchmark grid is derived from the registry, and the registry's facts are true.
+
+``registry.Entry`` states, without importing anything, the framework, devices, timed
+operation families and slow cases of every built-in implementation; the grid (and with it
+every asv class) is built from those facts. Here they are held against what each loaded
+implementation declares, and a toy library registered by one entry is shown to reach every
+listing with nothing else edited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clipbench.benchmarks import bench_clipping, grid, grid_point, timing, workloads
+from clipbench.impls import registry
+
+
+def test_grid_matches_workloads_and_registry() -> None:
+  assert grid.ALL_DTYPES == workloads.DTYPES and grid.DEVICES == timing.DEVICES
+  in_families = [w for f in grid.FAMILIES for w in f.workloads]
+  assert sorted(in_families) == sorted(workloads.NAMES)  # each workload in exactly one family
+  assert grid.FAMILY_NAMES == registry.FAMILIES  # the registry names them, the grid fills them
+  # Every built-in implementation is timed but the exact (and slow) reference.
+  assert list(grid.timed_impl_names()) == [
+      e.name for e in registry.BUILTIN if e.kind != "reference"]
+  for speed, track in zip(bench_clipping.SPEED_CLASSES, bench_clipping.TRACK_CLASSES):
+    assert track.__name__ == speed.__name__ + "Track" and track.params == speed.params
+    impls, names, dtypes, devices = speed.params
+    assert impls and names and dtypes == list(grid.dtypes()) and len(devices) == 1
+    fam = grid.family_of(names[0])
+    assert all(grid.family_of(w) == fam for w in names)
+    for impl in impls:  # no dead points: the registry says each one can run on some machine
+      entry = grid.entry(impl)
+      assert fam in entry.families and devices[0] in entry.devices
+
+
+@pytest.mark.parametrize("field,value", [("kind", "vendor"), ("framework", "mxnet"),
+                                         ("devices", ("tpu",)),
+                                         ("families", frozenset({"global", "sparse"}))])
+def test_entry_rejects_unknown_facts(field: str, value: Any) -> None:
+  entry = registry.Entry("toy", "toy:impl", "toy", "library", framework="numpy")
+  with pytest.raises(ValueError, match=f"^{field}: .*toy"):
+    dataclasses.replace(entry, **{field: value})
+
+
+def _declared(name: str) -> Any:
+  """The loaded implementation ``name``, or None when it cannot be loaded here.
+
+  Triton needs a GPU or its interpreter; without a GPU it is loaded under the interpreter in a
+  subprocess (the interpreter would leak into every other test here) and rebuilt from what it
+  declares: framework, operations, capabilities.
+  """
+  impl = registry.load(name)
+  if impl.available or name != "clipbench.triton":
+    return impl if impl.available else None
+  code = ("import dataclasses, json\n"
+          "from clipbench.impls.registry import load\n"
+          f"i = load({name!r})\n"
+          "print(json.dumps([i.available, i.framework, i.ops,"
+          " dataclasses.asdict(i.capabilities)]))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
+  if out.returncode != 0:
+    return None
+  available, framework, ops, caps = json.loads(out.stdout.strip().splitlines()[-1])
+  if not available:
+    return None
+  from clipbench.protocol import as_capabilities
+  obj = types.SimpleNamespace(**{op: (lambda *a, **k: None) for op in ops})
+  return dataclasses.replace(impl, available=True, obj=obj, framework=framework,
+                             capabilities=as_capabilities(caps))
+
+
+def _families(impl: Any) -> set[str]:
+  """The families whose every workload ``timing.skip_reason`` lets ``impl`` run.
+
+  Asked for a dtype and a device the implementation declares: the entry states families;
+  dtypes and devices are checked separately.
+  """
+  caps = impl.capabilities
+  dtype = next(d for d in grid.ALL_DTYPES if d in caps.dtypes)
+  device = "cpu" if "cpu" in caps.devices else caps.devices[0]
+  return {fam.name for fam in grid.FAMILIES
+          if all(timing.skip_reason(impl, workloads.get(w), dtype, device) is None
+                 for w in fam.workloads)}
+
+
+def check_entry_against_declared(entry: registry.Entry, impl: Any) -> None:
+  """The entry's static facts agree with what the loaded ``impl`` declares."""
+  framework, caps = impl.framework, impl.capabilities
+  assert entry.framework == framework
+  if impl.kind == "baseline":
+    # A baseline is timed only where it is the bar (the baseline segment_sum: per-system).
+    assert set(entry.families) <= _families(impl)
+  else:
+    assert set(entry.families) == _families(impl)
+  devices = set(caps.devices)
+  if entry.name == "clipbench.triton":
+    devices.discard("cpu")  # the interpreter (tests only) is not a device to benchmark
+  assert ("cpu" in devices) == ("cpu" in entry.devices)
+  assert devices <= set(entry.devices)
+  if "cuda" in entry.devices and "cuda" not in devices:
+    assert not timing.cuda_device_node_present(), (
+        f"{entry.name} declares no cuda on a GPU machine")
+  # Every grid dtype is declared, but float64 for JAX, which declares it exactly with x64 on
+  # (the static skip assumes so).
+  expected = set(grid.ALL_DTYPES)
+  if framework == "jax":
+    import jax
+    assert ("float64" in caps.dtypes) == bool(jax.config.jax_enable_x64)
+    expected.discard("float64")
+  assert expected <= set(caps.dtypes)
+  assert entry.slow_workloads <= {w for f in entry.families for w in grid.family(f).workloads}
+
+
+@pytest.mark.parametrize("name", grid.timed_impl_names())
+def test_registry_facts_match_declared_capabilities(name: str) -> None:
+  impl = _declared(name)
+  if impl is None:
+    pytest.skip(f"{name} cannot be loaded here")
+  check_entry_against_declared(grid.entry(name), impl)
+
+
+class _ToyClip:
+  """A library's global clipping in plain numpy: as small as an adapter gets."""
+
+  framework = "numpy"
+  capabilities = {"dtypes": ("float32", "bfloat16", "float64")}
+
+  def clip_grad_norm(self, leaves: list[np.ndarray], max_norm: float, *,
+                     norm_type: float = 2.0) -> tuple[list[np.ndarray], np.ndarray]:
+    total = np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in leaves))
+    scale = min(1.0, max_norm / total) if total > 0 else 1.0
+    return [(x * scale).astype(x.dtype) for x in leaves], np.asarray(total)
+
+
+TOY = registry.Entry("toy.clip_grad_norm", "toy_clipping:implementation", "toy-clipping",
+                     "library", "a toy library", framework="numpy",
+                     families=frozenset({"global"}))
+
+
+@pytest.fixture
+def toy_registered(monkeypatch: pytest.MonkeyPatch, tmp_path) -> registry.Entry:
+  """The toy adapter (a module) and its one registry entry; nothing else is touched."""
+  module = types.ModuleType("toy_clipping")
+  module.implementation = _ToyClip()
+  monkeypatch.setitem(sys.modules, "toy_clipping", module)
+  monkeypatch.setattr(registry, "BUILTIN", registry.BUILTIN + (TOY,))
+  monkeypatch.setenv(grid_point.SCALE_ENV, "0.001")
+  for cache in (grid_point._LOADED, grid_point._INPUTS, grid_point._RECORDED):
+    cache.clear()
+  return TOY
+
+
+def test_one_entry_adds_a_library_everywhere(toy_registered: registry.Entry) -> None:
+  name = toy_registered.name
+  assert name in [e.name for e in registry.all_entries()]  # what `clipbench list` walks
+  listed = {impl.name: impl for impl in registry.load_many([name])}
+  assert listed[name].available and listed[name].ops == ("clip_grad_norm",)
+  assert registry.load(name).kind == "library" == registry.kind_of(name)
+  assert name in grid.timed_impl_names()  # `clipbench bench` times it by default
+  assert name in grid.params("global", "cpu")[0]
+  assert all(name not in grid.params(f, d)[0] for f in grid.FAMILY_NAMES for d in grid.DEVICES
+             if (f, d) != ("global", "cpu"))
+  check_entry_against_declared(toy_registered, listed[name])
+  # An asv grid point of it runs: loaded, timed, its figures recorded for the Track metrics.
+  run = {"bandwidth_bytes": 1e10, "run_dir": None}
+  speed = bench_clipping.GlobalCpu()
+  speed.setup(run, name, "W4-many-small", "float32", "cpu")
+  speed.time_clip(run, name, "W4-many-small", "float32", "cpu")
+  assert speed.case.impl.name == name
+  assert grid_point.ulp_error({}, name, "W4-many-small", "float32", "cpu") <= 1.0
+
+
+def test_declared_facts_check_catches_a_wrong_entry(toy_registered: registry.Entry) -> None:
+  impl = registry.load(toy_registered.name)
+  for wrong in (dict(framework="torch"), dict(families=frozenset({"global", "pnorm"})),
+                dict(devices=("cuda",)), dict(slow=(("W2-relax", "not its family"),))):
+    with pytest.raises(AssertionError):
+      check_entry_against_declared(dataclasses.replace(toy_registered, **wrong), impl)
