@@ -1,10 +1,14 @@
 """Drafts manifest entries from a result table: every failure not yet listed, grouped.
 
-  python -m clipbench.conformance.draft_deviations results/conformance.csv > draft.toml
+  python -m clipbench.conformance.draft_deviations results/conformance.csv > my-deviations.toml
+  pytest ... --deviations my-deviations.toml
 
-Each group (implementation, operation, rule) becomes one ``[[deviation]]`` with its case
-names and the first observed message; the reason is left for a person to write after reading
-the reproducers: a draft is a starting point, never a way to make failures pass unread.
+One ``[[deviation]]`` per (implementation, operation, rule) with its case names, keyed by the
+implementation's name as the suite reports it; generated (``hypothesis_*``) cases go to a
+separate entry with ``strict = false``, since a new draw may miss the defect. The reason and
+the severity are left for a person to write after reading the reproducers: a draft is a
+starting point, never a way to make failures pass unread. What each case returned is in the
+results table (``observed``), quoted here as a comment.
 """
 
 from __future__ import annotations
@@ -14,26 +18,42 @@ import sys
 
 import pandas as pd
 
+from clipbench.schema import SEVERITIES
+
+GENERATED_PREFIX = "hypothesis_"
+
 
 def _quote(text: str) -> str:
   return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
 
 
+def _entry(impl: str, op: str, rule: str, cases: list[str], observed: str,
+           strict: bool) -> list[str]:
+  lines = ["[[deviation]]", f"impl = {_quote(impl)}", f"op = {_quote(op)}",
+           f"rule = {rule if rule.isdigit() else _quote(rule)}",
+           "cases = [" + ", ".join(_quote(c) for c in cases) + "]"]
+  if not strict:
+    lines.append("strict = false  # generated inputs show the defect on some draws only")
+  if observed:
+    lines.append(f"# observed: {observed[:300]}".replace("\n", " "))
+  lines += ['reason = "TODO: why (read the reproducers)"',
+            f'severity = "TODO: one of {", ".join(SEVERITIES)}"', ""]
+  return lines
+
+
 def draft(results_csv: str) -> str:
+  """TOML text with one entry per unlisted (impl, op, rule) failure group of the table."""
   table = pd.read_csv(results_csv, dtype=str, keep_default_na=False)
   failed = table[table.outcome.isin(["fail", "error"])]
   out = []
   for (impl, op, rule), group in failed.groupby(["impl", "op", "rule"], sort=True):
-    cases = sorted(set(group.case))
-    observed = next((o for o in group.observed if o), "")
-    out.append("[[deviation]]")
-    out.append(f"impl = {_quote(impl)}")
-    out.append(f"op = {_quote(op)}")
-    out.append(f"rule = {rule if rule.isdigit() else _quote(rule)}")
-    out.append("cases = [" + ", ".join(_quote(c) for c in cases) + "]")
-    out.append('reason = "TODO: why (read the reproducers)"')
-    out.append(f"observed = {_quote(observed[:300])}")
-    out.append("")
+    generated = group.case.str.startswith(GENERATED_PREFIX)
+    for rows, strict in ((group[~generated], True), (group[generated], False)):
+      if rows.empty:
+        continue
+      cases = [f"{GENERATED_PREFIX}*"] if not strict else sorted(set(rows.case))
+      observed = next((o for o in rows.observed if o), "")
+      out += _entry(impl, op, rule, cases, observed, strict)
   return "\n".join(out)
 
 
@@ -43,7 +63,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     sys.stdout.write(draft(args.results))
-  except (OSError, pd.errors.ParserError, AttributeError) as e:
+  except (OSError, pd.errors.ParserError, AttributeError, KeyError) as e:
     print(f"error: {args.results}: cannot read the result table: {e}", file=sys.stderr)
     return 2
   return 0

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,9 +33,53 @@ class Outcome:
   devices_ok: bool = True
 
   def raise_if_error(self) -> None:
+    if isinstance(self.error, CallTimeout):
+      raise self.error
     if self.error is not None:
       raise AssertionError(
           f"raised {type(self.error).__name__}: {self.error}\n{self.error_trace}")
+
+
+class CallTimeout(AssertionError):
+  """A call of the implementation did not return within the session's ``--timeout``."""
+
+
+# Seconds one call of an implementation may take (None: no limit), set by the pytest plugin.
+# A call that runs longer is abandoned in its worker thread: Python cannot kill a thread, so
+# it may go on computing in the background, but the suite records the stuck case and moves on.
+_call_timeout: float | None = None
+
+
+def set_call_timeout(seconds: float | None) -> None:
+  """Limits every later call of an implementation to ``seconds`` (None or 0: no limit)."""
+  global _call_timeout
+  if seconds is not None and (not isinstance(seconds, (int, float)) or seconds < 0):
+    raise ValueError(f"timeout: expected seconds >= 0 or None, got {seconds!r}")
+  _call_timeout = seconds or None
+
+
+def within_timeout(fn: Callable[[], Any], what: str) -> Any:
+  """Runs ``fn()`` and returns its result; raises :class:`CallTimeout` naming ``what`` when
+  it has not returned within the session's timeout (the call itself is left running)."""
+  if _call_timeout is None:
+    return fn()
+  box: dict[str, Any] = {}
+
+  def target():
+    try:
+      box["result"] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      box["error"] = e
+
+  worker = threading.Thread(target=target, name=f"clipbench call: {what}", daemon=True)
+  worker.start()
+  worker.join(_call_timeout)
+  if worker.is_alive():
+    raise CallTimeout(f"{what}: no result within --timeout {_call_timeout:g} s (the call was "
+                      "abandoned, still running)")
+  if "error" in box:
+    raise box["error"]
+  return box["result"]
 
 
 def not_applicable(impl: Implementation, op: str, inputs: Inputs) -> str | None:
@@ -73,8 +118,16 @@ def call(impl: Implementation, op: str, inputs: Inputs, device: str = "cpu") -> 
     return Outcome(error=e, error_trace=traceback.format_exc(limit=-3))
   originals = [x.copy() for x in inputs.leaves]
   try:
-    result = calling.run(impl, prepared)
+    result = within_timeout(lambda: calling.run(impl, prepared), f"impl {impl.name}: {op}")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+      # Blame the return convention, not whatever unpacking it would have broken.
+      shape = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else (
+          f"a {type(result).__name__}")
+      raise TypeError(f"impl {impl.name}: {op} returned {shape}; the canonical return is "
+                      "(leaves, norms)")
     leaves, norms = calling.result_to_numpy(result)
+  except CallTimeout as e:
+    return Outcome(error=e)
   except Exception as e:  # pylint: disable=broad-except
     outcome = Outcome(error=e, error_trace=traceback.format_exc(limit=-3))
   else:
