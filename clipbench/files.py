@@ -5,6 +5,9 @@ A file is written to a temporary file in the same folder and moved over the targ
 or an exception mid-write leaves the previous file intact. A folder is built under a temporary
 name and renamed into place; replacing an existing folder takes two renames (old out of the way,
 new in), so a reader may briefly find it missing but never finds it half-written.
+
+Every temporary file or folder is removed on any exception, ``KeyboardInterrupt`` (Ctrl-C)
+included, so an interrupted run leaves only what was there before it.
 """
 
 from __future__ import annotations
@@ -61,12 +64,54 @@ def write_csv(path: str | os.PathLike[str], frame: pd.DataFrame, *, index: bool 
   write_text(path, frame.to_csv(index=index, lineterminator="\n"))
 
 
+class UnwritableFolderError(Exception):
+  """Files cannot be created in a folder (or in the folder that would hold it once created)."""
+
+
+def check_writable(folder: str | os.PathLike[str]) -> None:
+  """Raises UnwritableFolderError unless files can be created in ``folder``.
+
+  A folder that does not exist yet is checked where it would be created: its nearest existing
+  parent must be a folder in which this process can create files. The check creates an
+  anonymous temporary file there rather than asking ``os.access``, which answers for root as if
+  permissions did not apply and knows nothing of read-only file systems.
+  """
+  folder = os.fspath(folder)
+  existing = os.path.abspath(folder)
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise UnwritableFolderError(f"cannot write to {folder}: {existing} is not a folder")
+  try:
+    with tempfile.TemporaryFile(dir=existing):
+      pass
+  except OSError as e:
+    raise UnwritableFolderError(
+        f"cannot write to {folder}: {e.strerror or e} ({existing})") from None
+
+
 def temporary_dir(parent: str | os.PathLike[str], name: str) -> str:
   """A fresh hidden folder in ``parent`` (same file system as the final place)."""
   os.makedirs(parent, exist_ok=True)
   path = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
   os.chmod(path, 0o777 & ~_umask())  # mkdtemp creates 0700
   return path
+
+
+@contextlib.contextmanager
+def staging_dir(target: str | os.PathLike[str]) -> Iterator[str]:
+  """A fresh hidden folder beside ``target`` for output that may be moved onto it.
+
+  The folder, and whatever was left in it (by this process or a child it started), is removed
+  on the way out, however the block ends; ``os.replace`` from it onto ``target`` is atomic, as
+  both are on one file system.
+  """
+  target = os.fspath(target)
+  tmp = temporary_dir(os.path.dirname(os.path.abspath(target)), os.path.basename(target))
+  try:
+    yield tmp
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def move_dir_into_place(tmp_dir: str, target: str) -> None:

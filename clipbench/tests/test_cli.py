@@ -8,6 +8,7 @@ subprocess: ``clipbench list --json`` over every registered implementation, a sh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-from clipbench import cli
+from clipbench import cli, files
 from clipbench.impls import registry
 
 REPORT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -32,6 +33,9 @@ OUTSIDE_MODULE = textwrap.dedent('''\
     class _Impl:
       framework = "numpy"
       version = "0.0.1"
+      # Declared, so the suite does not probe (and test) more than this sketch does.
+      capabilities = {"norm_types": (2.0,), "dtypes": ("float32", "float64"),
+                      "nonfinite": ("propagate",)}
 
       def clip_grad_norm(self, leaves, max_norm, *, norm_type=2.0, nonfinite="propagate"):
         if not max_norm >= 0:
@@ -67,7 +71,8 @@ class FakePytest:
     self.write = write
     self.calls: list[tuple[list[str], dict[str, str]]] = []
 
-  def __call__(self, cmd, label, log_path, *, progress=None, env_defaults=None):
+  def __call__(self, cmd, label, log_path, *, progress=None, env_defaults=None,
+               shown_paths=None):
     self.calls.append((list(cmd), cli._child_env(env_defaults)))  # pylint: disable=protected-access
     if self.write is not None:
       self.write(cmd)
@@ -222,8 +227,8 @@ def test_conform_outside_module_command_and_results(outside, fake_run, capsys):
 ])
 def test_conform_runs_triton_interpreted_without_gpu(tmp_path, fake_run, monkeypatch, gpu,
                                                      caller, expected):
-  from clipbench.benchmarks import cases
-  monkeypatch.setattr(cases, "cuda_device_node_present", lambda: gpu)
+  from clipbench.benchmarks import timing
+  monkeypatch.setattr(timing, "cuda_device_node_present", lambda: gpu)
   if caller is None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
   else:
@@ -281,6 +286,9 @@ def test_conform_outside_module_for_real(tmp_path):
   from clipbench.reports import results
   table = results.read_conformance(tmp_path / "res" / "conformance.csv")
   assert set(table["impl"]) == {"tmpmod:impl"} and (table["outcome"] == "pass").any()
+  # Past the command line, the output names the results where they are, never the staged file.
+  printed = proc.stdout.split("\n", 1)[1]
+  assert "res/conformance.csv" in printed and ".tmp" not in printed
 
 
 # --- bench -----------------------------------------------------------------------------------
@@ -406,3 +414,355 @@ def test_progress_bar_run(tmp_path):
   assert rc == 1
   text = log.read_text()
   assert "1 failed, 2 passed" in text and "-p clipbench.cli" in text
+
+
+# --- nothing lost: Ctrl-C, temporary files, unwritable folders -------------------------------
+
+def _leftovers(folder) -> list[str]:
+  """Temporary files or folders anywhere under ``folder`` (hidden ones included)."""
+  found = []
+  for root, dirs, names in os.walk(folder):
+    found += [os.path.join(root, n) for n in dirs + names if n.endswith(".tmp")]
+  return found
+
+
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    try:
+      os.killpg(pgid, 0)
+    except ProcessLookupError:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def test_ctrl_c_during_conform_leaves_no_temporary_file_and_keeps_old_results(tmp_path):
+  """Ctrl-C at a terminal: SIGINT to the whole process group (clipbench and its pytest child)
+  while the progress bar runs; every process of the group must be gone once clipbench exits."""
+  import pty
+  import re
+  import signal
+  import threading
+  results_dir = tmp_path / "res"
+  results_dir.mkdir()
+  previous = results_dir / "conformance.csv"
+  shutil.copy(os.path.join(REPORT_DATA, "conformance.csv"), previous)
+  good = previous.read_bytes()
+  master, terminal = pty.openpty()  # a terminal: clipbench runs pytest behind its progress bar
+  proc = subprocess.Popen(
+      [*_console_script(), "conform", "--impl", "clipbench.numba", "--ops", "clip_grad_norm",
+       "--profile", "thorough", "--results", str(previous)],
+      cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal,
+      start_new_session=True, env={**os.environ, "COLUMNS": "100"})
+  os.close(terminal)
+  screen = bytearray()
+
+  def drain() -> None:
+    with contextlib.suppress(OSError):
+      while chunk := os.read(master, 4096):
+        screen.extend(chunk)
+
+  reader = threading.Thread(target=drain, daemon=True)
+  reader.start()
+  try:
+    deadline = time.monotonic() + 240
+    # The bar's "done/total" once a case has finished: the run is under way.
+    while not re.search(rb"\b[1-9]\d*/\d+\b", bytes(screen)):
+      assert proc.poll() is None, bytes(screen).decode(errors="replace")[-2000:]
+      assert time.monotonic() < deadline, "no progress within 240 s"
+      time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc = proc.wait(timeout=120)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert _group_gone(proc.pid, 30), "the pytest child outlived clipbench"
+  reader.join(timeout=5)
+  os.close(master)
+  output = bytes(screen).decode(errors="replace")
+  assert rc == cli.EXIT_INTERRUPTED, output[-2000:]
+  assert "interrupted" in output and "Traceback" not in output
+  assert _leftovers(tmp_path) == []
+  assert previous.read_bytes() == good
+
+
+def test_staged_output_removed_on_ctrl_c_with_what_the_child_left(tmp_path):
+  final = tmp_path / "conformance.csv"
+  final.write_text("old\n")
+  with pytest.raises(KeyboardInterrupt):
+    with cli._staged(str(final)) as staged:  # pylint: disable=protected-access
+      with open(staged, "w") as f:
+        f.write("half")
+      # What a child killed mid-write leaves: its own temporary file beside the staged one.
+      open(os.path.join(os.path.dirname(staged), ".conformance.csv.x1y2.tmp"), "w").close()
+      raise KeyboardInterrupt
+  assert os.listdir(tmp_path) == ["conformance.csv"] and final.read_text() == "old\n"
+
+
+@pytest.mark.parametrize("write", [
+    lambda path: files.write_text(path, "new\n"),
+    lambda path: files.write_bytes(path, b"new\n"),
+    lambda path: files.write_csv(path, __import__("pandas").DataFrame({"a": [1]})),
+])
+def test_file_writers_remove_their_temporary_file_on_ctrl_c(tmp_path, monkeypatch, write):
+  target = tmp_path / "table.csv"
+  target.write_text("old\n")
+
+  def interrupted(fd):
+    raise KeyboardInterrupt  # Ctrl-C while the new file is being flushed to disk
+
+  monkeypatch.setattr(os, "fsync", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    write(str(target))
+  assert os.listdir(tmp_path) == ["table.csv"] and target.read_text() == "old\n"
+
+
+def test_atomic_open_removes_its_temporary_file_when_interrupted_mid_write(tmp_path):
+  target = tmp_path / "REPORT.md"
+  target.write_text("old\n")
+  with pytest.raises(KeyboardInterrupt):
+    with files.atomic_open(target) as f:
+      f.write("new, half written")
+      raise KeyboardInterrupt
+  assert os.listdir(tmp_path) == ["REPORT.md"] and target.read_text() == "old\n"
+
+
+@pytest.fixture
+def blocked(tmp_path):
+  """A path no one can create folders under, root included: it lies under a regular file."""
+  (tmp_path / "file").write_text("not a folder\n")
+  return tmp_path / "file" / "sub"
+
+
+@pytest.mark.parametrize("argv", [
+    ["conform", "--impl", "reference", "--results", "{blocked}/conformance.csv"],
+    ["bench", "--impl", "clipbench.numba", "--json", "{blocked}/benchmarks.json"],
+    ["report", "--impl", "reference", "--out", "{blocked}", "--results-dir", "{tmp}/r"],
+    ["report", "--impl", "reference", "--results-dir", "{blocked}", "--out", "{tmp}/reports"],
+])
+def test_unwritable_output_folder_exits_2_before_any_work(argv, blocked, tmp_path, fake_run,
+                                                          capsys):
+  fake = fake_run(rc=0, write=lambda cmd: (write_conformance(cmd) if "--results" in cmd
+                                           else write_benchmarks(cmd)))
+  argv = [a.format(blocked=blocked, tmp=tmp_path) for a in argv]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  assert f"cannot write to {blocked}" in err and "is not a folder" in err
+  assert not fake.calls  # nothing was run
+  assert sorted(os.listdir(tmp_path)) == ["file"]  # and nothing written
+
+
+def test_read_only_output_folder_exits_2(tmp_path, fake_run, capsys):
+  read_only = tmp_path / "ro"
+  read_only.mkdir()
+  read_only.chmod(0o555)
+  try:
+    try:
+      with open(read_only / "probe", "w"):
+        pass
+    except PermissionError:
+      pass
+    else:  # root (CAP_DAC_OVERRIDE) writes anyway: the not-a-folder test covers root
+      pytest.skip("this user can write into a read-only folder")
+    fake = fake_run(rc=0, write=write_conformance)
+    assert cli.main(["conform", "--impl", "reference",
+                     "--results", str(read_only / "res" / "conformance.csv")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write to {read_only / 'res'}" in err and "Permission denied" in err
+    assert not fake.calls
+  finally:
+    read_only.chmod(0o755)
+
+
+def test_check_writable_accepts_a_folder_to_be_created(tmp_path):
+  files.check_writable(tmp_path / "a" / "b")  # created later, under a writable folder
+  assert os.listdir(tmp_path) == []  # the check itself leaves nothing behind
+
+
+def test_results_path_that_is_a_folder_exits_2(tmp_path, fake_run, capsys):
+  fake = fake_run()
+  assert cli.main(["conform", "--impl", "reference", "--results", str(tmp_path)]) == 2
+  assert "is a folder; expected a file path" in capsys.readouterr().err
+  assert not fake.calls
+
+
+# --- report --reuse never leaves out a requested implementation ------------------------------
+
+def test_report_reuse_without_a_requested_impl_exits_2_and_writes_nothing(
+    outside, results_dir, fake_run, capsys):
+  (outside / "othermod.py").write_text(OUTSIDE_MODULE)
+  fake = fake_run()
+  out = outside / "reports"
+  try:
+    rc = cli.main(["report", "--reuse", "--impl", "othermod:impl", "--impl", "reference",
+                   "--results-dir", str(results_dir), "--out", str(out),
+                   "--asv-results", str(outside / "no-asv")])
+  finally:
+    sys.modules.pop("othermod", None)
+  assert rc == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1
+  assert (f"{results_dir / 'conformance.csv'} has no conformance results for othermod:impl;"
+          in err)
+  assert "clipbench report --impl othermod:impl` without --reuse" in err
+  assert not fake.calls and not out.exists()
+
+
+def test_report_whose_run_lacks_a_requested_impl_writes_nothing(tmp_path, fake_run, capsys):
+  # A run that (wrongly) wrote results for other implementations only.
+  fake_run(rc=0, write=write_conformance)
+  out = tmp_path / "reports"
+  assert cli.main(["report", "--impl", "clipbench.numba", "--results-dir", str(tmp_path / "r"),
+                   "--out", str(out)]) == 1
+  assert "wrote no results for clipbench.numba" in capsys.readouterr().err
+  assert not out.exists()
+
+
+# --- --ops an implementation lacks -----------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["conform", "bench"])
+def test_ops_an_implementation_lacks_exits_2_naming_both(command, outside, fake_run, capsys):
+  fake = fake_run()
+  assert cli.main([command, "--impl", "tmpmod:impl", "--ops", "clip_by_max_step"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1
+  assert "implementation 'tmpmod:impl' has no clip_by_max_step" in err
+  assert "(it provides: clip_grad_norm)" in err
+  assert not fake.calls
+
+
+def test_bench_ops_selects_the_workloads_of_those_ops(outside, fake_run, tmp_path):
+  from clipbench.benchmarks import workloads
+  fake = fake_run(rc=0, write=write_benchmarks)
+  assert cli.main(["bench", "--impl", "tmpmod:impl", "--ops", "clip_grad_norm",
+                   "--json", str(tmp_path / "b.json")]) == 0
+  (cmd, _), = fake.calls
+  chosen = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--bench-workload"]
+  assert chosen == [w.name for w in workloads.WORKLOADS if w.op == "clip_grad_norm"]
+
+
+# --- --version, list -------------------------------------------------------------------------
+
+def test_version(capsys):
+  from clipbench import __version__
+  assert cli.main(["--version"]) == 0
+  assert capsys.readouterr().out.strip() == f"clipbench {__version__}"
+  proc = subprocess.run([sys.executable, "-m", "clipbench", "--version"], capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert (proc.returncode, proc.stdout.strip()) == (0, f"clipbench {__version__}")
+
+
+def test_list_fits_the_terminal_width(outside, monkeypatch, capsys):
+  monkeypatch.setenv("COLUMNS", "80")
+  assert cli.main(["list", "--impl", "reference", "--impl", "clipbench.numba",
+                   "--impl", "tmpmod:impl", "--impl", "torch.clip_grad_norm_.foreach"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert max(len(line) for line in lines) <= 80
+  assert lines[-1].endswith("┘")  # the table's last column is not cut off
+  text = "\n".join(lines)
+  assert "torch.clip_grad" in text and "clip_by_max_step" in text
+
+
+def test_list_shows_clipbench_version_for_its_own_implementations(outside, capsys):
+  from clipbench import __version__
+  assert cli.main(["list", "--json", "--impl", "reference", "--impl", "clipbench.numba",
+                   "--impl", "tmpmod:impl"]) == 0
+  rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+  assert rows["reference"]["version"] == f"clipbench {__version__}"
+  numba = rows["clipbench.numba"]
+  assert numba["version"] == f"clipbench {__version__} (numba {numba['library_version']})"
+  assert rows["tmpmod:impl"]["version"] == "0.0.1"  # an outside library keeps its own
+
+
+# --- options passed to the suite, and its short summary --------------------------------------
+
+@pytest.mark.parametrize("command", ["conform", "report"])
+def test_deviations_and_timeout_passed_to_the_suite(command, tmp_path, fake_run):
+  mine, theirs = tmp_path / "mine.toml", tmp_path / "theirs.toml"
+  mine.write_text("")
+  theirs.write_text("")
+  fake = fake_run(rc=0, write=lambda cmd: (write_conformance(cmd) if "--results" in cmd
+                                           else write_benchmarks(cmd)))
+  argv = [command, "--impl", "reference", "--deviations", str(mine), "--deviations",
+          str(theirs), "--timeout", "2.5"]
+  argv += (["--results", str(tmp_path / "c.csv")] if command == "conform" else
+           ["--results-dir", str(tmp_path / "r"), "--out", str(tmp_path / "reports"),
+            "--asv-results", str(tmp_path / "no-asv")])
+  assert cli.main(argv) == 0
+  cmd = fake.calls[0][0]
+  given = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--deviations"]
+  assert given == [str(mine), str(theirs)]
+  assert _option(cmd, "--clipbench-timeout") == "2.5"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["conform", "--deviations", "no-such.toml"], "--deviations: no such file: no-such.toml"),
+    (["report", "--deviations", "no-such.toml"], "--deviations: no such file: no-such.toml"),
+    (["conform", "--timeout", "0"], "--timeout: expected a positive number of seconds"),
+    (["conform", "--timeout", "nan"], "--timeout: expected a positive number of seconds"),
+])
+def test_bad_suite_options_exit_2(argv, message, tmp_path, monkeypatch, fake_run, capsys):
+  monkeypatch.chdir(tmp_path)
+  fake = fake_run()
+  assert cli.main(argv) == 2
+  assert message in capsys.readouterr().err
+  assert not fake.calls
+
+
+PYTEST_LOG = """\
+$ python -m pytest conformance --impl x
+..F.F                                                                    [100%]
+=================================== FAILURES ===================================
+___________________________ test_rule[x-op-rule3-a] ____________________________
+    def fixture_source_line_one():
+E   AssertionError: long failure text
+----------------------------- Captured stdout call -----------------------------
+captured output line
+=============================== warnings summary ===============================
+some warning
+---------------------------- clipbench conformance -----------------------------
+rule 3: 2 failures
+  x clip_grad_norm a: leaves changed
+1 pass, 2 fail
+=========================== short test summary info ============================
+FAILED test_rule[x-op-rule3-a] - AssertionError: long failure text
+========================= 2 failed, 1 passed in 0.50s ==========================
+"""
+
+
+def test_summary_tail_keeps_the_short_summary_not_the_failure_text():
+  tail = cli._summary_tail(PYTEST_LOG)  # pylint: disable=protected-access
+  assert "x clip_grad_norm a: leaves changed" in tail and "2 failed, 1 passed" in tail
+  assert "fixture_source_line_one" not in tail and "some warning" not in tail
+  assert "captured output line" not in tail
+  assert "FAILED test_rule[x-op-rule3-a]" in tail
+  assert len(cli._summary_tail(PYTEST_LOG, limit=3).splitlines()) == 4  # pylint: disable=protected-access
+
+
+BROKEN_OUTSIDE_MODULE = OUTSIDE_MODULE.replace(
+    "return out, (np.float64 if wide else np.float32)(total)",
+    "return [np.zeros_like(x) for x in out], (np.float64 if wide else np.float32)(total)")
+
+
+def test_conform_terminal_output_is_short_and_names_the_final_results(tmp_path, monkeypatch,
+                                                                      capsys):
+  """A real run behind the progress bar of an implementation that zeroes every leaf: the
+  terminal gets one line per failure and the results' final path, never the staged one."""
+  (tmp_path / "tmpmod.py").write_text(BROKEN_OUTSIDE_MODULE)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(cli, "_interactive", lambda: True)
+  try:
+    rc = cli.main(["conform", "--impl", "tmpmod:impl", "--ops", "clip_grad_norm",
+                   "--results", "res/conformance.csv", "--", "-k", "rule3"])
+  finally:
+    sys.modules.pop("tmpmod", None)
+  out = capsys.readouterr().out
+  assert rc == 1, out
+  tail = out[out.index("clipbench conformance"):]
+  assert "result table: res/conformance.csv" in tail and ".tmp" not in tail
+  assert "Traceback" not in out and "def " not in out  # no fixture source, no tracebacks
+  failing = sum(1 for line in tail.splitlines() if "tmpmod:impl clip_grad_norm" in line)
+  assert failing >= 1 and len(tail.splitlines()) < failing + 15
