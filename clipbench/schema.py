@@ -6,6 +6,8 @@ module is the contract between the writers and the reader, so neither side impor
 
 from __future__ import annotations
 
+# What one conformance case came to: ``deviation`` is a failure the manifest lists; ``fail`` and
+# ``error`` are unlisted; ``unexpected-pass`` is a listed case that passed (a stale entry).
 OUTCOMES: tuple[str, ...] = (
     "pass", "deviation", "fail", "unexpected-pass", "not-applicable", "error")
 
@@ -25,6 +27,9 @@ CONFORMANCE_COLUMNS: tuple[str, ...] = (
     "severity", "max_ulp_error", "norm_ulp_error", "observed", "reason", "reproducer", "test_id",
     "duration_s")
 
+# One row per pytest-benchmark benchmark; ``iqr_s`` is its interquartile range (pytest-benchmark's
+# ``stats.iqr``), the spread the report prints beside each median.
 BENCHMARK_COLUMNS: tuple[str, ...] = (
     "impl", "kind", "workload", "dtype", "device", "group", "name", "median_s", "min_s",
-    "mean_s", "stddev_s", "rounds", "bytes_moved", "bandwidth_gbs", "roofline_seconds")
+    "mean_s", "stddev_s", "iqr_s", "rounds", "bytes_moved", "bandwidth_gbs",
+    "roofline_seconds")

@@ -75,7 +75,6 @@ class State:
   ops: tuple[str, ...]
   deviations: list[manifest.Deviation]
   results: str
-  repro_dir: str
   rows: list[dict] = dataclasses.field(default_factory=list)
   failures: dict[str, summary.Failure] = dataclasses.field(default_factory=dict)  # by nodeid
   preflight: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
@@ -158,9 +157,7 @@ def state(config: pytest.Config) -> State:
   except ValueError as e:
     raise pytest.UsageError(str(e)) from e
   results_path = config.getoption("--results")
-  new = State(impls=impls, ops=selected_ops, deviations=deviations, results=results_path,
-              repro_dir=os.path.join(os.path.dirname(os.path.abspath(results_path)),
-                                     "reproducers"))
+  new = State(impls=impls, ops=selected_ops, deviations=deviations, results=results_path)
   for impl in impls:
     if not impl.available:
       continue
@@ -235,8 +232,8 @@ def check(request: pytest.FixtureRequest):
         props.append(("timed_out", True))
       if inputs is not None:
         text = reproducer.snippet(target.impl.name, target.impl.description, target.op, inputs,
-                                  state(request.config).repro_dir, target.id,
-                                  getattr(target.impl.obj, "reproducer", None))
+                                  getattr(target.impl.obj, "reproducer", None),
+                                  rule=target.rule)
         props.append(("reproducer", text))
         message += "\n\nReproducer:\n" + text
       raise AssertionError(message) from None

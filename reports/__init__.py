@@ -4,12 +4,14 @@ Data flows one way, from recorded results to documents; nothing here measures an
 
 * ``results``: read and validate the raw results (conformance CSV, pytest-benchmark JSON, asv
   results folder), with errors that name the file and why;
-* ``tables``: the derived tables (conformance matrix, accuracy, divergences, summary, asv
-  history), small pure functions on DataFrames;
+* ``tables``: the derived tables (library x severity, summary with verdicts, conformance
+  matrix, accuracy, the divergence catalogue by manifest entry, asv history), small pure
+  functions on DataFrames;
 * ``plots``: matplotlib figures as PNG bytes; ``machine``: the machine and library versions;
-* ``render``: one document model rendered to self-contained HTML and to GitHub Markdown;
+* ``render``: one document model rendered to HTML and to GitHub Markdown (a report folder
+  reads offline: no script, no network);
 * ``build``: assembles the report and writes ``<out>/<stamp>/`` and ``<out>/latest/``;
-* ``files``: atomic writes of files and folders.
+* ``clipbench.files``: atomic writes of files and folders.
 
 ``clipbench report`` (``clipbench/cli.py``) runs the suite and the benchmarks, then calls
 ``build``.

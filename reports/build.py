@@ -11,21 +11,32 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
+import gzip
 import math
 import os
-import re
 import shutil
 from typing import Callable, Iterable
 
 import pandas as pd
 
 from clipbench import files
+from clipbench.protocol import RULES
 from clipbench.reports import machine, plots, render, results, tables
-from clipbench.reports.render import Cell, Code, Facts, Heading, Image, Notes, Table, Text
+from clipbench.reports.render import (Cell, Code, Details, Facts, Heading, Image, Notes, Table,
+                                      Text)
+from clipbench.schema import CONFORMANCE_COLUMNS, SEVERITIES
 
 LATEST = "latest"
 STAMP_FORMAT = "%Y-%m-%d_%H%M%S"
+
+# Tables written gzip-compressed: the results table has a row per case, megabytes as CSV, and
+# every committed report file must stay under GitHub's 500 KB diff limit.
+# ``pandas.read_csv`` and ``results.read_conformance`` read the ``.gz`` directly.
+COMPRESSED_TABLES: frozenset[str] = frozenset({"conformance"})
+# Left out of the report's copy of the results table: a reproducer per case holds its input
+# inline (tens of kilobytes for the large cases). The catalogue keeps one per entry; every
+# case's own is in the results table the report was built from.
+PER_CASE_ONLY_COLUMNS: tuple[str, ...] = ("reproducer",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +100,21 @@ def workload_family(name: str) -> str:
   return label + (", per-system" if workload.per_system else ", global")
 
 
+def workload_group(name: str) -> str:
+  """The comparison group of a workload: ``global``, ``per-system`` or ``max-step``.
+
+  The summary compares implementations within a group, over the workloads all of them ran.
+  """
+  try:
+    from clipbench.benchmarks import workloads  # pylint: disable=import-outside-toplevel
+    workload = workloads.get(name)
+  except (ImportError, ValueError, AttributeError):
+    return name
+  if workload.op == "clip_by_max_step":
+    return "max-step"
+  return "per-system" if workload.per_system else "global"
+
+
 def workload_description(name: str) -> str:
   try:
     from clipbench.benchmarks import workloads  # pylint: disable=import-outside-toplevel
@@ -118,6 +144,12 @@ def fmt_number(x: float, digits: int = 3, suffix: str = "") -> str:
   return (text[:-1] if text.endswith(".") else text) + suffix
 
 
+def fmt_count(x: float) -> str:
+  if x is None or not math.isfinite(x):
+    return "–"
+  return str(int(x))
+
+
 def fmt_ulp(x: float) -> str:
   if x is None or (isinstance(x, float) and math.isnan(x)):
     return "–"
@@ -129,8 +161,20 @@ def fmt_ulp(x: float) -> str:
 
 
 _STATUS_CSS = {"pass": "st-pass", "deviation": "st-deviation", "fail": "st-fail", "n/a": "st-na"}
-_VERDICT_CSS = {"conforms": "st-pass", "conforms except listed deviations": "st-deviation",
-                "fails": "st-fail", "nothing applicable": "st-na", "not checked": "st-na"}
+
+
+def _slug(text: str) -> str:
+  return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def verdict_cell(verdict: str, worst: str) -> Cell:
+  """The verdict, colored by its worst class (red: silent wrong values or unlisted failures)."""
+  if worst == "conforms":
+    return Cell(verdict, css="st-pass nowrap")
+  if worst == "n/a":
+    return Cell(verdict, css="st-na nowrap")
+  return Cell(verdict, css=f"sev-{_slug(worst)} nowrap",
+              title=tables.CLASS_DESCRIPTIONS.get(worst, worst))
 
 
 class _Footnotes:
@@ -150,41 +194,73 @@ class _Footnotes:
 
 # --- sections --------------------------------------------------------------------------------
 
-def _summary_section(summary: pd.DataFrame) -> list[render.Block]:
+def _count_cell(cases: int, entries: int, cls: str) -> Cell:
+  if not cases:
+    return Cell("0", css="num zero")
+  return Cell(f"{cases} ({entries})", css=f"num sev-{_slug(cls)}",
+              title=f"{cases} case{'s' if cases > 1 else ''} from {entries} "
+                    f"entr{'ies' if entries > 1 else 'y'}")
+
+
+def _severity_section(severity: pd.DataFrame) -> list[render.Block]:
+  shown = [c for c in tables.SEVERITY_CLASSES
+           if c in (*SEVERITIES, tables.UNLISTED) or severity[c].sum()]
+  descriptions = tables.CLASS_DESCRIPTIONS
+  rows = tuple((r["impl"], *(_count_cell(int(r[c]), int(r[f"{c} entries"]), c) for c in shown))
+               for _, r in severity.iterrows())
+  return [
+      Heading("Which library can corrupt an update", 3, "severity"),
+      Text("Cases (and the manifest entries behind them) of each class of departure from "
+           "SPEC.md, most harmful first: a silent wrong value is a finite, valid input "
+           "whose output or norm is wrong beyond rounding with no error raised. Unlisted "
+           "failures are departures nobody has classified yet."),
+      Table(("implementation", *(Cell(c, title=descriptions[c]) for c in shown)), rows,
+            css="severity"),
+      Facts(tuple((c, descriptions[c]) for c in shown)),
+  ]
+
+
+def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
+                     sets: dict[str, list[tables.BenchKey]]) -> list[render.Block]:
+  groups = [g for g in sets if f"roofline {g}" in summary.columns]
   rows = []
   for _, r in summary.iterrows():
+    mixed = r["max_ulp_error_mixed"]
+    mixed_text = fmt_ulp(mixed)
+    if mixed > tables.MIXED_ALLOWANCE_ULP:
+      mixed_text += " (mixed-dtype allowance)"
     rows.append((
-        r["impl"], r["kind"], r["version"] or "–",
-        Cell(r["verdict"], css=_VERDICT_CSS.get(r["verdict"], "")),
+        r["impl"], r["kind"], r["version"] or "–", verdict_cell(r["verdict"], r["worst"]),
         Cell(str(r["pass"]), css="num"), Cell(str(r["deviation"]), css="num"),
         Cell(str(r["fail"]), css="num"), Cell(str(r["not_applicable"]), css="num"),
-        Cell(fmt_ulp(r["max_ulp_error"]), css="num"),
-        Cell(fmt_number(r["roofline_ratio_geomean"]), css="num")))
-  return [
-      Heading("Summary", 2, "summary"),
-      Text("Which implementation to trust: the verdict counts every conformance case "
-           "(a listed deviation is a known, documented departure from the spec; a failure is "
-           "one nobody listed). Which is fastest: the geometric mean of the roofline ratio over "
-           "every benchmark the implementation ran (1 is the memory bound; lower is better)."),
+        Cell(fmt_ulp(r["max_ulp_error"]), css="num"), Cell(mixed_text, css="num"),
+        *(Cell(fmt_number(r[f"roofline {g}"]), css="num") for g in groups)))
+  group_headers = tuple(
+      Cell(f"roofline ratio, {g} (geomean, lower is better)",
+           title=f"over {tables.describe_keys(sets[g]) or 'no workload every implementation ran'}")
+      for g in groups)
+  over = "; ".join(f"{g}: {tables.describe_keys(sets[g]) or 'none in common'}" for g in groups)
+  blocks: list[render.Block] = [Heading("Summary", 2, "summary")]
+  if severity is not None and len(severity):
+    blocks += _severity_section(severity)
+  return blocks + [
+      Heading("Verdict, accuracy and speed", 3, "verdicts"),
+      Text("Which implementation to trust: the verdict names the worst class of what each "
+           "implementation did (unlisted failures first, then its most harmful listed "
+           "deviation); the table above counts every class. Which is fastest: the "
+           "geometric mean of the roofline ratio (1 is the memory bound; lower is better) per "
+           "group of workloads, over only the workloads every implementation of that group "
+           "ran, so two figures in one column compare the same work"
+           + (f" ({over})." if over else ".")),
       Table(("implementation", "kind", "version", "verdict", "pass", "deviation", "fail",
-             "n/a", "max ulp error", "roofline ratio (geomean)"), tuple(rows)),
+             "n/a", "max ulp error (one dtype)", "max ulp error (mixed dtypes)",
+             *group_headers), tuple(rows)),
   ]
 
 
 def rule_titles() -> dict[str, str]:
-  """Rule number (as text) -> its heading in SPEC.md ("At or below the threshold: ...")."""
-  spec = importlib.util.find_spec("clipbench.reference")
-  titles: dict[str, str] = {}
-  for folder in (spec.submodule_search_locations or []) if spec else []:
-    try:
-      with open(os.path.join(folder, "SPEC.md"), encoding="utf-8") as f:
-        for line in f:
-          match = re.match(r"#+\s*Rule\s+(\d+)\.?\s*(.*)", line)
-          if match:
-            titles[match.group(1)] = match.group(2).strip()
-    except OSError:
-      continue
-  return titles
+  """Rule number (as text) -> its title in SPEC.md, from ``clipbench.protocol.RULES``."""
+  return {str(number): title for number, title in RULES.items()}
 
 
 def rule_label(rule: str) -> str:
@@ -227,7 +303,9 @@ def _matrix_section(conformance: pd.DataFrame, matrix: pd.DataFrame) -> list[ren
           for r in rule_names) + ".", "muted"),
   ]
   if notes.numbers:
-    blocks += [Heading("Notes", 3), Notes(notes.items(), "note")]
+    # Collapsed: the reasons run to pages; a note's link opens it.
+    blocks.append(Details(f"the reasons behind the cells ({len(notes.numbers)})",
+                          (Notes(notes.items(), "note"),), label="Notes:"))
   return blocks
 
 
@@ -242,40 +320,61 @@ def _accuracy_section(accuracy: pd.DataFrame) -> list[render.Block]:
            "of roundoff of the system's coarsest leaf dtype below the reference's: a few ulps "
            "against the reference within one dtype, and up to about 2**31 float64 ulps on a "
            "float64 leaf that shares a system with a float32 leaf (the `float32+float64` "
-           "column). Whether an error breaks a rule is the conformance matrix's verdict, not "
-           "this table's.")]
+           "column; such cells, in any mixed-dtype column, are marked). Whether an error "
+           "breaks a rule is the conformance matrix's verdict, not this table's.")]
   if accuracy.empty:
     return blocks + [Text("No case recorded an ulp error.", "muted")]
   dtypes = sorted(accuracy["dtype"].unique(), key=tables.dtype_sort_key)
-  values = {(r.impl, r.op, r.dtype): (r.max_ulp_error, r.norm_ulp_error)
+  values = {(r.impl, r.op, r.dtype): (r.max_ulp_error, r.norm_ulp_error, r.mixed_allowance)
             for r in accuracy.itertuples()}
   keys = list(dict.fromkeys(zip(accuracy["impl"], accuracy["op"])))
+  allowance = ("dominated by rule 4's mixed-dtype allowance: a system's factor may sit 4 "
+               "roundoffs of its coarsest leaf dtype below the reference's, which is about "
+               "2**31 ulps of a float64 leaf beside a float32 one (2**18 float32 ulps beside "
+               "bfloat16); not an inaccuracy within one dtype")
+  notes = _Footnotes()
 
   def cell(key: tuple[str, str, str]) -> Cell:
     if key not in values:
       return Cell("–", css="num")
-    out, norm = values[key]
-    return Cell(f"{fmt_ulp(out)} / {fmt_ulp(norm)}", css="num")
+    out, norm, mixed = values[key]
+    return Cell(f"{fmt_ulp(out)} / {fmt_ulp(norm)}", css="num",
+                title=allowance if mixed else "",
+                note=notes.number(allowance) if mixed else None)
 
   rows = tuple((impl, op, *(cell((impl, op, d)) for d in dtypes)) for impl, op in keys)
   # Cases without a dtype (empty input, bad arguments) and mixed-dtype calls get columns too.
   headers = tuple(d or "no dtype" for d in dtypes)
-  return blocks + [Table(("implementation", "op", *headers), rows)]
+  blocks.append(Table(("implementation", "op", *headers), rows, notes="acc"))
+  if notes.numbers:
+    blocks.append(Notes(notes.items(), "acc"))
+  return blocks
+
+
+def _verdicts(summary: pd.DataFrame | None) -> dict[str, Cell]:
+  if summary is None or summary.empty:
+    return {}
+  return {r["impl"]: verdict_cell(r["verdict"], r["worst"]) for _, r in summary.iterrows()}
 
 
 def _performance_section(performance: pd.DataFrame, bench: results.BenchmarkRun | None,
-                         family: Callable[[str], str]) -> list[render.Block]:
+                         family: Callable[[str], str],
+                         verdicts: dict[str, Cell]) -> list[render.Block]:
   blocks: list[render.Block] = [
       Heading("Performance", 2, "performance"),
-      Text("Median wall time of one call (device work synchronized), the bandwidth it achieves "
-           "on the three-pass roofline (read for the norm, read and write to scale: "
-           "`3 x bytes of the leaves`), the roofline ratio (median time over that traffic at "
-           "the copy bandwidth measured in the same run; 1 is the bound, lower is better) and "
-           "the speed-up over the fastest library adapter on the same workload and dtype "
-           "(above 1: faster than every library).")]
+      Text("Median wall time of one call (device work synchronized; lower is better) with its "
+           "spread (the interquartile range of the timed rounds) and the number of rounds, "
+           "the bandwidth it achieves on the three-pass roofline (read for the norm, read and "
+           "write to scale: `3 x bytes of the leaves`; higher is better), the roofline ratio "
+           "(median time over that traffic at the copy bandwidth measured in the same run; 1 "
+           "is the bound, lower is better), the speed-up over the fastest library adapter on "
+           "the same workload and dtype (above 1: faster than every library) and, beside "
+           "every timing, the implementation's conformance verdict: a fast result that is "
+           "wrong is not a result.")]
   if bench is None or performance.empty:
     return blocks + [Text("No benchmark results.", "muted")]
   several_devices = performance["device"].nunique() > 1
+  unknown = Cell("not checked", css="st-na")
   for workload, group in performance.groupby("workload", sort=False):
     description = workload_description(workload)
     blocks.append(Heading(workload, 3, f"perf-{workload}"))
@@ -289,12 +388,18 @@ def _performance_section(performance: pd.DataFrame, bench: results.BenchmarkRun 
           Cell(r["impl"], css=mark.strip()), r["kind"], r["dtype"],
           *((r["device"],) if several_devices else ()),
           Cell(fmt_seconds(r["median_s"]), css="num" + mark),
+          Cell(fmt_seconds(r["iqr_s"]), css="num"),
+          Cell(fmt_count(r["rounds"]), css="num"),
           Cell(fmt_number(r["gbs"]), css="num"),
           Cell(fmt_number(r["roofline_ratio"]), css="num"),
-          Cell(fmt_number(r["speedup_vs_best_library"], 3, "×"), css="num")))
+          Cell(fmt_number(r["speedup_vs_best_library"], 3, "×"), css="num"),
+          verdicts.get(r["impl"], unknown)))
     blocks.append(Table(("implementation", "kind", "dtype",
-                         *(("device",) if several_devices else ()), "median time", "GB/s",
-                         "roofline ratio", "speed-up vs fastest library"), tuple(rows)))
+                         *(("device",) if several_devices else ()),
+                         "median time (lower is better)", "IQR", "rounds",
+                         "GB/s (higher is better)", "roofline ratio (lower is better)",
+                         "speed-up vs fastest library (higher is better)", "conformance"),
+                        tuple(rows)))
   figures = plots.time_vs_size(performance, family)
   bars = plots.roofline_bars(performance)
   if figures or bars:
@@ -305,30 +410,71 @@ def _performance_section(performance: pd.DataFrame, bench: results.BenchmarkRun 
   return blocks
 
 
-def _divergence_section(divergent: pd.DataFrame) -> list[render.Block]:
+SUMMARY_REASON_CHARS = 200  # of an entry's reason on its collapsed line
+
+_CLASS_TITLES = {
+    tables.UNLISTED: "Unlisted failures",
+    "silent-wrong-value": "Silent wrong values",
+    "invalid-input-accepted": "Invalid input accepted",
+    "valid-input-rejected": "Valid input rejected or crash",
+    "non-finite-policy": "Non-finite policy",
+    "rounding-level": "Rounding-level",
+    tables.UNCLASSIFIED: "Unclassified deviations",
+    tables.STALE: "Stale manifest entries (listed, but passed)",
+}
+
+
+def _divergence_section(catalogue: pd.DataFrame, results_path: str) -> list[render.Block]:
   blocks: list[render.Block] = [
       Heading("Divergence catalogue", 2, "divergences"),
-      Text("Every failure and every listed deviation seen in this run, with a standalone "
-           "reproducer (numpy in, the implementation's public API called as its users call it) "
-           "ready for the library's issue tracker.")]
-  if divergent.empty:
+      Text("Every failure and every listed deviation seen in this run, one entry per manifest "
+           "entry (implementation, op, rule, reason, severity) or, for failures nobody listed, "
+           "per implementation, op and rule; most harmful class first. Each entry gives its "
+           "case count and one standalone reproducer (the inputs inline, the call as the "
+           "library's users write it, then an assertion against the exact reference that "
+           "fails while the deviation stands), ready for the library's issue tracker. "
+           "`divergences.csv` is this catalogue as a table; every case is a row of "
+           "`conformance.csv.gz` beside this report (the results table, gzip-compressed to "
+           "stay within GitHub's file limits: `pandas.read_csv` and `zcat` read it directly), "
+           "without its reproducer. Each case's own reproducer is in the results table this "
+           f"report was built from{f' (`{results_path}`)' if results_path else ''}, which "
+           "`clipbench conform --impl NAME` writes again for any implementation.")]
+  if catalogue.empty:
     return blocks + [Text("None: every applicable case passed.", "muted")]
-  for impl, group in divergent.groupby("impl", sort=False):
-    blocks.append(Heading(f"{impl} ({len(group)})", 3))
+  for cls, group in catalogue.groupby("class", sort=False):
+    title = _CLASS_TITLES.get(cls, cls)
+    cases = int(group["cases"].sum())
+    blocks.append(Heading(f"{title}: {len(group)} entr{'ies' if len(group) > 1 else 'y'}, "
+                          f"{cases} case{'s' if cases > 1 else ''}", 3, f"div-{_slug(cls)}"))
+    if cls in SEVERITIES:
+      blocks.append(Text(SEVERITIES[cls], "muted"))
     for _, r in group.iterrows():
-      title = " · ".join(str(x) for x in (r["outcome"], r["op"], rule_label(r["rule"]), r["case"],
-                                          r["dtype"]) if x)
-      blocks.append(Heading(title, 4))
+      label = " · ".join(str(x) for x in (r["impl"], r["op"], rule_label(r["rule"])) if x)
+      reason = str(r["reason"])
+      shown = SUMMARY_REASON_CHARS
+      summary = (f"{reason[:shown]}{'…' if len(reason) > shown else ''} "
+                 f"({r['cases']} case{'s' if r['cases'] > 1 else ''})")
+      ulps = ("" if math.isnan(r["max_ulp_error"]) and math.isnan(r["norm_ulp_error"])
+              else f"{fmt_ulp(r['max_ulp_error'])} / {fmt_ulp(r['norm_ulp_error'])}")
       facts = [(k, str(v)) for k, v in (
-          ("reason", r["reason"]), ("observed", r["observed"]),
-          ("max ulp error (output / norm)",
-           "" if math.isnan(r["max_ulp_error"]) and math.isnan(r["norm_ulp_error"])
-           else f"{fmt_ulp(r['max_ulp_error'])} / {fmt_ulp(r['norm_ulp_error'])}"),
-          ("test", f"`{r['test_id']}`" if r["test_id"] else "")) if v]
-      if facts:
-        blocks.append(Facts(tuple(facts)))
+          # The reason is repeated only when the summary line cut it, or it is the observation.
+          ("reason", reason if len(reason) > shown and reason != r["observed"] else ""),
+          ("cases", r["case_names"]),
+          ("dtypes", r["dtypes"]), ("observed", r["observed"]),
+          ("max ulp error (output / norm)", ulps),
+          ("reproducer of", f"`{r['reproducer_test_id']}`" if r["reproducer_test_id"] else ""))
+               if v]
+      inner: list[render.Block] = [Facts(tuple(facts))]
       if str(r["reproducer"]).strip():
-        blocks.append(Code(str(r["reproducer"])))
+        inner.append(Code(str(r["reproducer"])))
+      elif r["reproducer_chars"]:
+        inner.append(Text(f"Reproducer: {r['reproducer_chars']:,} characters (its input "
+                          "inline), too long to show here; it is the `reproducer` column of "
+                          "this test id's row in the results table (`clipbench conform "
+                          f"--impl {r['impl']}` writes it).", "muted"))
+      else:
+        inner.append(Text("No reproducer was recorded for these cases.", "muted"))
+      blocks.append(Details(summary, tuple(inner), label=f"{label}:"))
   return blocks
 
 
@@ -373,39 +519,49 @@ def _machine_section(bench: results.BenchmarkRun | None,
 
 
 def build(sources: Sources, *, generated: datetime.datetime,
-          family: Callable[[str], str] = workload_family) -> Report:
-  """The report document and its raw tables, from recorded results only (no measurement)."""
+          family: Callable[[str], str] = workload_family,
+          group_of: Callable[[str], str] = workload_group) -> Report:
+  """The report document and its raw tables, from recorded results only (no measurement).
+
+  ``family`` groups workloads that differ only in size (one time-against-size plot each);
+  ``group_of`` groups the workloads the summary compares implementations on.
+  """
   conformance = sources.conformance
   if conformance is None:
-    conformance = pd.DataFrame(columns=list(results.CONFORMANCE_COLUMNS))
+    conformance = pd.DataFrame(columns=list(CONFORMANCE_COLUMNS))
   bench = sources.benchmarks
-  performance = bench.summary if bench is not None else pd.DataFrame()
+  performance = pd.DataFrame()
+  if bench is not None:
+    performance = tables.performance_with_spread(bench.summary, bench.frame)
   out: dict[str, pd.DataFrame] = {}
   facts = [("Generated", f"{generated:%Y-%m-%d %H:%M:%S %Z}".strip())]
   facts += list(sources.run_facts)
   blocks: list[render.Block] = [Facts(tuple(facts))]
 
-  summary = tables.implementation_summary(conformance, performance)
+  summary = tables.implementation_summary(conformance, performance, group_of)
+  severity = tables.severity_table(conformance) if len(conformance) else None
   if len(summary):
-    blocks += _summary_section(summary)
+    blocks += _summary_section(summary, severity, tables.comparison_sets(performance, group_of))
     out["summary"] = summary
-  divergent = None
+  if severity is not None:
+    out["severity"] = severity
+  catalogue = None
   if len(conformance):
     matrix = tables.conformance_matrix(conformance)
     accuracy = tables.accuracy_table(conformance)
-    divergent = tables.divergences(conformance)
+    catalogue = tables.divergence_catalogue(conformance)
     blocks += _matrix_section(conformance, matrix)
     blocks += _accuracy_section(accuracy)
-    out.update(conformance=conformance, conformance_matrix=matrix, accuracy=accuracy,
-               divergences=divergent)
+    out.update(conformance=conformance.drop(columns=list(PER_CASE_ONLY_COLUMNS)),
+               conformance_matrix=matrix, accuracy=accuracy, divergences=catalogue)
   else:
     blocks += [Heading("Conformance matrix", 2, "conformance"),
                Text("No conformance results.", "muted")]
-  blocks += _performance_section(performance, bench, family)
+  blocks += _performance_section(performance, bench, family, _verdicts(summary))
   if not performance.empty:
     out["performance"] = performance
-  if divergent is not None:
-    blocks += _divergence_section(divergent)
+  if catalogue is not None:
+    blocks += _divergence_section(catalogue, sources.conformance_path)
   history = sources.asv_history
   blocks += _history_section(history)
   if not history.empty:
@@ -422,13 +578,25 @@ def build(sources: Sources, *, generated: datetime.datetime,
                                 tuple(blocks)), out)
 
 
+def table_file(name: str) -> str:
+  """The file name a table is written to: ``<name>.csv``, or ``<name>.csv.gz`` for
+  :data:`COMPRESSED_TABLES`."""
+  return f"{name}.csv.gz" if name in COMPRESSED_TABLES else f"{name}.csv"
+
+
 def write_folder(report: Report, folder: str) -> None:
   """Writes index.html, REPORT.md, plots/*.png and one CSV per table into ``folder``."""
   os.makedirs(os.path.join(folder, "plots"), exist_ok=True)
   for plot in render.plots_of(report.document):
     files.write_bytes(os.path.join(folder, render.image_path(plot)), plot.png)
   for name, frame in report.tables.items():
-    files.write_csv(os.path.join(folder, f"{name}.csv"), frame)
+    path = os.path.join(folder, table_file(name))
+    if name in COMPRESSED_TABLES:
+      # mtime=0: the same table gives the same bytes, so an unchanged table makes no diff.
+      text = frame.to_csv(index=False, lineterminator="\n").encode("utf-8")
+      files.write_bytes(path, gzip.compress(text, compresslevel=9, mtime=0))
+    else:
+      files.write_csv(path, frame)
   files.write_text(os.path.join(folder, "REPORT.md"), render.to_markdown(report.document))
   files.write_text(os.path.join(folder, "index.html"), render.to_html(report.document))
 

@@ -3,8 +3,14 @@
 * Time against problem size, log-log, one line per implementation, for each family of
   workloads (same operation and p) that was run at two sizes or more, with the roofline
   (bytes moved / measured bandwidth) as a dashed line: a curve parallel to it scales as well
-  as memory allows; one that flattens at small sizes is dominated by overhead.
+  as memory allows; one that flattens at small sizes is dominated by overhead. The x ticks
+  name the workloads; each implementation has its own color, marker and line style (fifteen
+  lines in one panel are told apart by more than a shade), and the legend lists them from
+  fastest to slowest at the largest size.
 * Roofline ratios as horizontal bars, one panel per workload (log axis; 1 is the bound).
+
+Log axes get ticks at 1, 2 and 5 per decade over up to two decades and at powers of ten
+beyond (W4's ratios span four decades, where 1-2-5 labels overlap).
 """
 
 from __future__ import annotations
@@ -49,12 +55,30 @@ def _slug(text: str) -> str:
   return re.sub(r"[^0-9a-z]+", "-", text.lower()).strip("-")
 
 
-def _readable_log_axis(axis) -> None:
-  # Ticks at 1, 2, 5 x 10^k as plain numbers: ratios and times often span less than a decade,
-  # where the default shows one labelled tick or a crowd of overlapping minor labels.
-  axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def readable_log_axis(axis, low: float, high: float) -> None:
+  """Plain-number ticks at 1, 2, 5 x 10^k over at most two decades, 10^k beyond.
+
+  Ratios and times often span less than a decade, where the default shows one labelled tick;
+  over more than two decades 1-2-5 labels run into each other.
+  """
+  decades = math.log10(high / low) if low > 0 and high > low else 0.0
+  subs = (1.0, 2.0, 5.0) if decades <= 2.0 else (1.0,)
+  axis.set_major_locator(LogLocator(base=10.0, subs=subs))
   axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
   axis.set_minor_formatter(NullFormatter())
+
+
+def impl_styles(impls: Sequence[str]) -> dict[str, dict[str, object]]:
+  """Color, marker and line style per implementation, fixed across plots."""
+  colors = impl_colors(impls)
+  names = sorted(set(impls))
+  return {name: {"color": colors[name], "marker": _MARKERS[i % len(_MARKERS)],
+                 "linestyle": _LINESTYLES[(i // len(_MARKERS)) % len(_LINESTYLES)]}
+          for i, name in enumerate(names)}
 
 
 def time_vs_size(performance: pd.DataFrame, family: Callable[[str], str]) -> list[Plot]:
@@ -62,31 +86,46 @@ def time_vs_size(performance: pd.DataFrame, family: Callable[[str], str]) -> lis
   if performance.empty:
     return []
   frame = performance.assign(family=performance["workload"].map(family))
-  colors = impl_colors(frame["impl"])
+  styles = impl_styles(frame["impl"])
   plots = []
   for fam, group in frame.groupby("family", sort=True):
     dtypes = [d for d in sorted(group["dtype"].unique(), key=dtype_sort_key)
               if group.loc[group["dtype"] == d, "bytes_moved"].nunique() >= 2]
     if not dtypes:
       continue
-    fig = Figure(figsize=(5.2 * len(dtypes), 4.2))
+    fig = Figure(figsize=(6.4 * len(dtypes), 4.8))
     axes = fig.subplots(1, len(dtypes), squeeze=False)[0]
     for ax, dtype in zip(axes, dtypes):
       rows = group[group["dtype"] == dtype].sort_values("bytes_moved")
-      for impl, line in rows.groupby("impl", sort=True):
-        ax.plot(line["bytes_moved"] / 1e6, line["median_s"], marker="o", label=impl,
-                color=colors[impl])
+      largest = rows["bytes_moved"].max()
+      at_largest = rows[rows["bytes_moved"] == largest].set_index("impl")["median_s"]
+      order = sorted(rows["impl"].unique(), key=lambda i: (at_largest.get(i, math.inf), i))
+      for impl in order:
+        line = rows[rows["impl"] == impl]
+        ax.plot(line["bytes_moved"] / 1e6, line["median_s"], label=impl, markersize=5,
+                lw=1.4, **styles[impl])
       bound = rows.groupby("bytes_moved")["bandwidth_gbs"].median().dropna()
       bound = bound[bound > 0]
       if len(bound):
-        ax.plot(bound.index / 1e6, bound.index / (bound.to_numpy() * 1e9), "k--", lw=1,
-                label="roofline")
-      ax.set(xscale="log", yscale="log", xlabel="bytes moved by the roofline (MB)",
-             ylabel="median time (s)", title=f"{fam}, {dtype}")
-      ax.grid(True, which="both", alpha=0.3)
-      _readable_log_axis(ax.xaxis)
-      _readable_log_axis(ax.yaxis)
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        ax.plot(bound.index / 1e6, bound.index / (bound.to_numpy() * 1e9), color="k", lw=2,
+                ls=(0, (4, 2)), label="roofline (memory bound)")
+      ax.set(xscale="log", yscale="log", ylabel="median time (s), lower is better",
+             title=f"{fam}, {dtype}")
+      ax.grid(True, which="major", alpha=0.35)
+      times = rows["median_s"][rows["median_s"] > 0]
+      if len(bound):
+        times = pd.concat([times, pd.Series(bound.index / (bound.to_numpy() * 1e9))])
+      readable_log_axis(ax.yaxis, float(times.min()), float(times.max()))
+      # The x ticks are the workloads themselves: a reader looks for W4, not for 36 MB.
+      sizes = rows.groupby("bytes_moved")["workload"].agg(lambda w: " / ".join(sorted(set(w))))
+      ax.set_xticks(sizes.index / 1e6, [f"{w}\n{b / 1e6:.3g} MB" for b, w in sizes.items()],
+                    fontsize=8)
+      ax.xaxis.set_minor_formatter(NullFormatter())
+      ax.set_xlabel("bytes moved by the roofline", fontsize=9)
+      ax.set_xlim(sizes.index.min() / 1e6 / 1.6, sizes.index.max() / 1e6 * 1.6)
+      ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                title="fastest first", title_fontsize=7)
+    fig.tight_layout()
     plots.append(Plot(f"time-vs-size-{_slug(fam)}", f"Time against problem size: {fam}",
                       _png(fig)))
   return plots
@@ -113,9 +152,10 @@ def roofline_bars(performance: pd.DataFrame) -> Plot | None:
     ax.axvline(1.0, color="k", lw=1, ls="--")
     ax.set_xscale("log")
     ax.set_title(workload, fontsize=9)
-    ax.set_xlabel("median time / roofline time (1 = bound)", fontsize=8)
-    ax.grid(True, axis="x", which="both", alpha=0.3)
-    _readable_log_axis(ax.xaxis)
+    ax.set_xlabel("median time / roofline time (1 = bound; lower is better)", fontsize=8)
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    ratios = rows["roofline_ratio"]
+    readable_log_axis(ax.xaxis, min(float(ratios.min()), 1.0), max(float(ratios.max()), 1.0))
   for ax in axes[len(workloads):]:
     ax.set_visible(False)
   fig.tight_layout()

@@ -25,25 +25,17 @@ from typing import Any
 
 import pandas as pd
 
+from clipbench.schema import BENCHMARK_COLUMNS, CONFORMANCE_COLUMNS, OUTCOMES, SEVERITIES
 
-OUTCOMES: tuple[str, ...] = (
-    "pass", "deviation", "fail", "unexpected-pass", "not-applicable", "error")
-CONFORMANCE_COLUMNS: tuple[str, ...] = (
-    "impl", "kind", "library", "version", "framework", "op", "rule", "case", "dtype", "outcome",
-    "max_ulp_error", "norm_ulp_error", "observed", "reason", "reproducer", "test_id",
-    "duration_s")
-# Without these a row cannot be placed in the matrix; the other columns may be absent (an older
-# or an outside writer) and are then read as empty.
 
 class ResultsError(Exception):
   """A results file is missing, unreadable or malformed; the message names the file and why."""
 
+
+# Without these a row cannot be placed in the matrix; the other columns may be absent (an older
+# or an outside writer) and are then read as empty.
 _ESSENTIAL_CONFORMANCE = ("impl", "rule", "outcome")
 _NUMERIC_CONFORMANCE = ("max_ulp_error", "norm_ulp_error", "duration_s")
-
-BENCHMARK_COLUMNS: tuple[str, ...] = (
-    "impl", "kind", "workload", "dtype", "device", "group", "name", "median_s", "min_s",
-    "mean_s", "stddev_s", "rounds", "bytes_moved", "bandwidth_gbs", "roofline_seconds")
 
 
 def _missing(path: str, what: str, hint: str) -> ResultsError:
@@ -53,6 +45,9 @@ def _missing(path: str, what: str, hint: str) -> ResultsError:
 def read_conformance(path: str | os.PathLike[str]) -> pd.DataFrame:
   """The conformance results table, validated; numeric columns as floats (NaN when empty).
 
+  ``path`` may be gzip-compressed (``.gz``), as the committed report keeps its raw table.
+  Results written before deviations had a severity read with an empty ``severity``.
+
   Raises:
     ResultsError: the file is missing, not a CSV, lacks the essential columns, or holds an
       unknown outcome or a non-numeric ulp error (the message gives the row).
@@ -61,10 +56,11 @@ def read_conformance(path: str | os.PathLike[str]) -> pd.DataFrame:
   if not os.path.isfile(path):
     raise _missing(path, "conformance results", "run `clipbench conform` first")
   try:
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
+                        compression="infer")
   except pd.errors.EmptyDataError:
     raise ResultsError(f"{path}: empty file, not a conformance results table") from None
-  except (OSError, UnicodeDecodeError, pd.errors.ParserError) as e:
+  except (OSError, EOFError, UnicodeDecodeError, pd.errors.ParserError) as e:
     raise ResultsError(f"{path}: not a readable CSV file: {e}") from None
   missing = [c for c in _ESSENTIAL_CONFORMANCE if c not in frame.columns]
   if missing:
@@ -74,12 +70,13 @@ def read_conformance(path: str | os.PathLike[str]) -> pd.DataFrame:
   for column in CONFORMANCE_COLUMNS:
     if column not in frame.columns:
       frame[column] = ""
-  bad = ~frame["outcome"].isin(OUTCOMES)
-  if bad.any():
-    row = int(bad.to_numpy().nonzero()[0][0])
-    raise ResultsError(
-        f"{path}: line {row + 2}: unknown outcome {frame['outcome'].iloc[row]!r}; "
-        f"expected one of {', '.join(OUTCOMES)}")
+  for column, allowed in (("outcome", OUTCOMES), ("severity", ("", *SEVERITIES))):
+    bad = ~frame[column].isin(allowed)
+    if bad.any():
+      row = int(bad.to_numpy().nonzero()[0][0])
+      raise ResultsError(
+          f"{path}: line {row + 2}: unknown {column} {frame[column].iloc[row]!r}; "
+          f"expected one of {', '.join(a for a in allowed if a)}")
   for column in _NUMERIC_CONFORMANCE:
     frame[column] = _numeric_column(frame[column], path, column)
   return frame[list(CONFORMANCE_COLUMNS)]
@@ -175,7 +172,8 @@ def _benchmark_row(path: str, bench: Any) -> dict[str, Any]:
       "group": str(bench.get("group") or workload), "name": name,
       "median_s": _number(stats["median"]), "min_s": _number(stats.get("min")),
       "mean_s": _number(stats.get("mean")), "stddev_s": _number(stats.get("stddev")),
-      "rounds": _number(stats.get("rounds")), "bytes_moved": _number(extra["bytes_moved"]),
+      "iqr_s": _number(stats.get("iqr")), "rounds": _number(stats.get("rounds")),
+      "bytes_moved": _number(extra["bytes_moved"]),
       "bandwidth_gbs": _number(extra["bandwidth_gbs"]),
       "roofline_seconds": _number(extra["roofline_seconds"]),
   }

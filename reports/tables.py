@@ -7,9 +7,16 @@
   capabilities). The reasons behind a cell travel with it.
 * Accuracy: the largest ulp error per implementation x op x dtype, of the output elements and
   of the reported norms.
-* Summary: per implementation, outcome counts, a verdict, the worst ulp error and the geometric
-  mean of its roofline ratios (the performance table itself is
-  ``clipbench.benchmarks.roofline.summarize``, the one definition shared with ``clipbench bench``).
+* Severity: per implementation, the cases (and distinct entries) of each deviation class of
+  ``clipbench.schema.SEVERITIES``, most harmful first, beside the unlisted failures, so a reader
+  sees at once which library can silently corrupt an update.
+* Summary: per implementation, outcome counts, a verdict naming its worst class, the worst ulp
+  error (mixed-dtype calls apart: rule 4 allows them far more) and, per comparison group of
+  workloads, the geometric mean of its roofline ratios over the workloads every implementation
+  of that group ran (the performance table itself is ``clipbench.benchmarks.roofline.summarize``,
+  the one definition shared with ``clipbench bench``).
+* Divergence catalogue: one row per manifest entry seen (implementation, op, rule, reason,
+  severity) or per unlisted failure group, with its case count and one reproducer.
 
 Numbers stay numbers here; formatting belongs to the renderer.
 """
@@ -18,17 +25,52 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
+
+from clipbench.schema import SEVERITIES
 
 KIND_ORDER: tuple[str, ...] = ("reference", "own", "library", "baseline", "outside")
 DTYPE_ORDER: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
 STATUSES: tuple[str, ...] = ("pass", "deviation", "fail", "n/a")
 FAILING: frozenset[str] = frozenset({"fail", "error", "unexpected-pass"})
-DIVERGENT: tuple[str, ...] = ("fail", "error", "unexpected-pass", "deviation")
 MAX_REASONS_PER_CELL = 3
+
+# Columns of the severity table beyond the manifest's classes: deviations recorded without a
+# class (results older than the severity field), failures nobody listed (``fail``, ``error``)
+# and listed cases that passed (the manifest entry is stale).
+UNCLASSIFIED = "unclassified"
+UNLISTED = "unlisted failures"
+STALE = "listed but passed"
+SEVERITY_CLASSES: tuple[str, ...] = (*SEVERITIES, UNCLASSIFIED, UNLISTED, STALE)
+UNLISTED_OUTCOMES: frozenset[str] = frozenset({"fail", "error"})
+
+# What each column of the severity table counts.
+CLASS_DESCRIPTIONS: dict[str, str] = {
+    **SEVERITIES,
+    UNCLASSIFIED: "a listed deviation recorded without a class (older results)",
+    UNLISTED: "failures and errors no manifest entry lists",
+    STALE: "a listed case that passed: the entry is out of date",
+}
+
+# The verdict phrase of an implementation whose worst deviation is of this class.
+SEVERITY_VERDICTS: dict[str, str] = {
+    "silent-wrong-value": "silent wrong values",
+    "invalid-input-accepted": "accepts invalid input",
+    "valid-input-rejected": "rejects valid input",
+    "non-finite-policy": "non-finite policy differs",
+    "rounding-level": "rounding-level deviations only",
+    UNCLASSIFIED: "unclassified deviations",
+}
+
+# Rule 4 lets a system's factor sit up to 4 roundoffs of its coarsest leaf dtype below the
+# reference's, so a finer leaf sharing the system may be off by that much in its own ulps:
+# about 2**31 float64 ulps beside a float32 leaf, 2**18 float32 ulps beside a bfloat16 one.
+# Within one dtype the same allowance is a few ulps; an error above this many ulps in a
+# mixed-dtype cell is the allowance's scale, not a within-dtype inaccuracy.
+MIXED_ALLOWANCE_ULP = 16.0
 
 
 def kind_rank(kind: str) -> int:
@@ -64,9 +106,14 @@ def cell_status(outcomes: Iterable[str]) -> str:
   return "n/a"
 
 
+# Results written while the manifest carried an ``observed`` text end each reason with it; the
+# observation of the run is its own column, so the report leaves the old one out.
+_MANIFEST_OBSERVED = re.compile(r" \(observed: .*\)$", re.S)
+
+
 def _reason_text(row: pd.Series) -> str:
   outcome = row["outcome"]
-  reason = str(row["reason"]).strip()
+  reason = _MANIFEST_OBSERVED.sub("", str(row["reason"]).strip())
   observed = str(row["observed"]).strip()
   if outcome == "unexpected-pass":
     return f"listed deviation not seen (manifest out of date): {reason or observed}"
@@ -111,12 +158,26 @@ def rules(conformance: pd.DataFrame) -> list[str]:
   return sorted(conformance["rule"].unique(), key=rule_sort_key)
 
 
+def is_mixed_dtype(dtype: str) -> bool:
+  """A case whose leaves have several dtypes (recorded as ``float32+float64``)."""
+  return "+" in str(dtype)
+
+
+def within_mixed_allowance(dtype: str, max_ulp_error: float) -> bool:
+  """The error is large only because rule 4 allows a mixed-dtype system's factor to be
+  placed by its coarsest leaf dtype (see :data:`MIXED_ALLOWANCE_ULP`)."""
+  return is_mixed_dtype(dtype) and max_ulp_error > MIXED_ALLOWANCE_ULP
+
+
 def accuracy_table(conformance: pd.DataFrame) -> pd.DataFrame:
-  """Long table: impl, op, dtype, the largest output and norm ulp errors, cases measured."""
+  """Long table: impl, op, dtype, the largest output and norm ulp errors, cases measured, and
+  whether the output error is dominated by rule 4's mixed-dtype allowance."""
   measured = conformance.dropna(subset=["max_ulp_error", "norm_ulp_error"], how="all")
   frame = (measured.groupby(["impl", "op", "dtype"], sort=False)
            .agg(max_ulp_error=("max_ulp_error", "max"), norm_ulp_error=("norm_ulp_error", "max"),
                 cases=("outcome", "size")).reset_index())
+  frame["mixed_allowance"] = [within_mixed_allowance(d, e) for d, e in
+                              zip(frame["dtype"], frame["max_ulp_error"])]
   order = {name: i for i, name in enumerate(implementations(conformance)["impl"])}
   frame["_i"] = frame["impl"].map(order)
   frame["_d"] = frame["dtype"].map(dtype_sort_key)
@@ -124,14 +185,132 @@ def accuracy_table(conformance: pd.DataFrame) -> pd.DataFrame:
           .reset_index(drop=True))
 
 
-def divergences(conformance: pd.DataFrame) -> pd.DataFrame:
-  """Every failing or deviating row, failures first, then by implementation and rule."""
-  rows = conformance[conformance["outcome"].isin(DIVERGENT)].copy()
-  rows["_o"] = rows["outcome"].map(DIVERGENT.index)
-  rows["_i"] = rows["kind"].map(kind_rank)
-  rows["_r"] = rows["rule"].map(rule_sort_key)
-  return (rows.sort_values(["_o", "_i", "impl", "_r", "case", "dtype"], kind="stable")
-          .drop(columns=["_o", "_i", "_r"]).reset_index(drop=True))
+def severity_class(outcome: str, severity: str) -> str | None:
+  """The severity-table column of one case (None: the case does not diverge)."""
+  if outcome in UNLISTED_OUTCOMES:
+    return UNLISTED
+  if outcome == "unexpected-pass":
+    return STALE
+  if outcome == "deviation":
+    return severity if severity in SEVERITIES else UNCLASSIFIED
+  return None
+
+
+def _classified(conformance: pd.DataFrame) -> pd.DataFrame:
+  """The divergent rows with their ``class`` and ``entry`` (the manifest entry behind a
+  deviation: op, rule, reason and severity; for an unlisted failure, its op and rule)."""
+  classes = [severity_class(o, s) for o, s in zip(conformance["outcome"], conformance["severity"])]
+  rows = conformance.assign(**{"class": classes})
+  rows = rows[rows["class"].notna()].copy()
+  rows["reason"] = rows["reason"].str.replace(_MANIFEST_OBSERVED, "", regex=True)
+  rows["entry"] = list(zip(rows["op"], rows["rule"].astype(str), rows["reason"], rows["class"]))
+  return rows
+
+
+def severity_table(conformance: pd.DataFrame) -> pd.DataFrame:
+  """Per implementation (in summary order) and class of :data:`SEVERITY_CLASSES`: the number of
+  cases (column ``<class>``) and of distinct entries (``<class> entries``)."""
+  rows = _classified(conformance)
+  out = []
+  for impl in implementations(conformance)["impl"]:
+    mine = rows[rows["impl"] == impl]
+    record: dict[str, object] = {"impl": impl}
+    for cls in SEVERITY_CLASSES:
+      of_class = mine[mine["class"] == cls]
+      record[cls] = len(of_class)
+      record[f"{cls} entries"] = of_class["entry"].nunique()
+    out.append(record)
+  return pd.DataFrame(out, columns=["impl", *(c for cls in SEVERITY_CLASSES
+                                             for c in (cls, f"{cls} entries"))])
+
+
+def verdict(outcomes: pd.Series, severities: pd.Series) -> tuple[str, str]:
+  """(phrase, worst class) for one implementation's cases: unlisted failures first, then the
+  most harmful deviation class, then stale manifest entries; ``conforms`` when none."""
+  if outcomes.empty:
+    return "not checked", "n/a"
+  classes = {severity_class(o, s) for o, s in zip(outcomes, severities)} - {None}
+  parts = []
+  unlisted = int(outcomes.isin(UNLISTED_OUTCOMES).sum())
+  if unlisted:
+    parts.append(f"{unlisted} unlisted failure{'s' if unlisted > 1 else ''}")
+  worst_deviation = next((c for c in (*SEVERITIES, UNCLASSIFIED) if c in classes), None)
+  if worst_deviation:
+    parts.append(SEVERITY_VERDICTS[worst_deviation])
+  stale = int((outcomes == "unexpected-pass").sum())
+  if stale:
+    parts.append(f"{stale} listed case{'s' if stale > 1 else ''} passed (stale manifest)")
+  if parts:
+    worst = UNLISTED if unlisted else worst_deviation or STALE
+    return "; ".join(parts), worst
+  if (outcomes == "pass").any():
+    return "conforms", "conforms"
+  return "nothing applicable", "n/a"
+
+
+def _shortened(text: str, limit: int) -> str:
+  return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def divergence_catalogue(conformance: pd.DataFrame, *, max_reproducer_chars: int = 4000,
+                         reproducer_budget_chars: int = 80_000, max_case_names: int = 8,
+                         max_text_chars: int = 240) -> pd.DataFrame:
+  """One row per manifest entry seen (impl, op, rule, reason, severity), or per unlisted
+  failure group (impl, op, rule), most harmful class first, then by implementation and rule.
+
+  Each row carries the case count, the first ``max_case_names`` case names, the dtypes, the
+  worst ulp errors, one observation (cut at ``max_text_chars``) and one reproducer: the
+  shortest of the group, shown only when it has at most ``max_reproducer_chars`` characters
+  and the rows before it left room in ``reproducer_budget_chars`` (the others are in the full
+  results table; ``reproducer_test_id`` names the case either way, ``reproducer_chars`` gives
+  its length). The budgets keep the report's size bounded by the number of entries, not of
+  cases.
+  """
+  rows = _classified(conformance)
+  columns = ["impl", "kind", "class", "op", "rule", "reason", "cases", "case_names", "dtypes",
+             "max_ulp_error", "norm_ulp_error", "observed", "reproducer_test_id",
+             "reproducer_chars", "reproducer"]
+  if rows.empty:
+    return pd.DataFrame(columns=columns)
+  out = []
+  for (impl, entry), group in rows.groupby(["impl", "entry"], sort=False):
+    op, rule, reason, cls = entry
+    with_repro = group[group["reproducer"].str.strip() != ""]
+    chosen = (with_repro.loc[with_repro["reproducer"].str.len().idxmin()]
+              if len(with_repro) else group.iloc[0])
+    names = list(dict.fromkeys(group["case"]))
+    shown = ", ".join(names[:max_case_names]) + (
+        f" and {len(names) - max_case_names} more" if len(names) > max_case_names else "")
+    out.append({
+        "impl": impl, "kind": group["kind"].iloc[0], "class": cls, "op": op, "rule": rule,
+        "reason": reason or _shortened(_first_text(group["observed"]), max_text_chars),
+        "cases": len(group),
+        "case_names": shown,
+        "dtypes": ", ".join(sorted(set(group["dtype"]) - {""}, key=dtype_sort_key)),
+        "max_ulp_error": group["max_ulp_error"].max(),
+        "norm_ulp_error": group["norm_ulp_error"].max(),
+        "observed": _shortened(str(chosen["observed"]), max_text_chars),
+        "reproducer_test_id": str(chosen["test_id"]),
+        "reproducer_chars": len(str(chosen["reproducer"]).strip()),
+        "reproducer": str(chosen["reproducer"])})
+  frame = pd.DataFrame(out, columns=columns)
+  frame["_c"] = frame["class"].map(
+      {c: i for i, c in enumerate((UNLISTED, *SEVERITIES, UNCLASSIFIED, STALE))})
+  frame["_k"] = frame["kind"].map(kind_rank)
+  frame["_r"] = frame["rule"].map(rule_sort_key)
+  frame = (frame.sort_values(["_c", "_k", "impl", "_r", "op"], kind="stable")
+           .drop(columns=["_c", "_k", "_r"]).reset_index(drop=True))
+  budget = reproducer_budget_chars
+  for i, text in frame["reproducer"].items():
+    if len(text) > max_reproducer_chars or len(text) > budget:
+      frame.at[i, "reproducer"] = ""
+    else:
+      budget -= len(text)
+  return frame
+
+
+def _first_text(values: pd.Series) -> str:
+  return next((str(v) for v in values if str(v).strip()), "")
 
 
 def geometric_mean(values: Iterable[float]) -> float:
@@ -139,13 +318,45 @@ def geometric_mean(values: Iterable[float]) -> float:
   return float(np.exp(np.mean(np.log(array)))) if array.size else math.nan
 
 
-def implementation_summary(conformance: pd.DataFrame,
-                           performance: pd.DataFrame | None) -> pd.DataFrame:
-  """Per implementation: outcome counts, a verdict, the worst ulp error, speed in one figure.
+BenchKey = tuple[str, str, str]  # workload, dtype, device
 
-  Implementations that were only benchmarked get the verdict ``not checked``.
+
+def comparison_sets(performance: pd.DataFrame,
+                    group_of: Callable[[str], str]) -> dict[str, list[BenchKey]]:
+  """Per comparison group of workloads (``group_of(workload)``, e.g. global, per-system,
+  max-step): the (workload, dtype, device) every implementation that ran any workload of the
+  group ran, in the table's order. A geometric mean over anything else would compare
+  implementations on different workloads."""
+  if performance is None or performance.empty:
+    return {}
+  frame = performance.assign(_group=performance["workload"].map(group_of))
+  sets: dict[str, list[BenchKey]] = {}
+  for group, rows in frame.groupby("_group", sort=False):
+    keys = list(dict.fromkeys(zip(rows["workload"], rows["dtype"], rows["device"])))
+    ran = [set(zip(r["workload"], r["dtype"], r["device"])) for _, r in rows.groupby("impl")]
+    common = set.intersection(*ran) if ran else set()
+    sets[group] = [k for k in keys if k in common]
+  return sets
+
+
+def describe_keys(keys: Iterable[BenchKey]) -> str:
+  """``W1-model float32, W4-many-small float32`` (the device only when it is not the CPU)."""
+  return ", ".join(f"{w} {d}" + (f" {dev}" if dev != "cpu" else "") for w, d, dev in keys)
+
+
+def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame | None,
+                           group_of: Callable[[str], str] = lambda w: w) -> pd.DataFrame:
+  """Per implementation: outcome counts, a verdict, the worst ulp errors, speed per group.
+
+  ``verdict`` names the worst class (``worst``) of what the implementation did; ``max_ulp_error``
+  is over single-dtype cases and ``max_ulp_error_mixed`` over mixed-dtype ones (rule 4 allows
+  these up to about 2**31 float64 ulps); ``roofline <group>`` is the geometric mean of its
+  roofline ratios over that group's common workloads (:func:`comparison_sets`), NaN when it
+  ran none of them. Implementations that were only benchmarked get the verdict
+  ``not checked``.
   """
   listed = implementations(conformance)
+  sets = comparison_sets(performance, group_of) if performance is not None else {}
   if performance is not None and len(performance):
     timed = performance[~performance["impl"].isin(listed["impl"])].drop_duplicates("impl")
     extra = pd.DataFrame({"impl": timed["impl"], "kind": timed["kind"], "library": "",
@@ -157,31 +368,34 @@ def implementation_summary(conformance: pd.DataFrame,
   for _, impl in listed.iterrows():
     mine = conformance[conformance["impl"] == impl["impl"]]
     counts = mine["outcome"].value_counts()
-    failing = int(sum(counts.get(o, 0) for o in FAILING))
-    deviations = int(counts.get("deviation", 0))
-    passed = int(counts.get("pass", 0))
-    if mine.empty:
-      verdict = "not checked"
-    elif failing:
-      verdict = "fails"
-    elif deviations:
-      verdict = "conforms except listed deviations"
-    elif passed:
-      verdict = "conforms"
-    else:
-      verdict = "nothing applicable"
-    ratio = math.nan
-    if performance is not None and len(performance):
-      ratio = geometric_mean(performance.loc[performance["impl"] == impl["impl"],
-                                             "roofline_ratio"])
-    rows.append({**impl.to_dict(), "verdict": verdict, "pass": passed,
-                 "deviation": deviations, "fail": failing,
-                 "not_applicable": int(counts.get("not-applicable", 0)),
-                 "max_ulp_error": mine[["max_ulp_error", "norm_ulp_error"]].max().max(),
-                 "roofline_ratio_geomean": ratio})
+    phrase, worst = verdict(mine["outcome"], mine["severity"])
+    mixed = mine["dtype"].map(is_mixed_dtype)
+    record = {**impl.to_dict(), "verdict": phrase, "worst": worst,
+              "pass": int(counts.get("pass", 0)), "deviation": int(counts.get("deviation", 0)),
+              "fail": int(sum(counts.get(o, 0) for o in FAILING)),
+              "not_applicable": int(counts.get("not-applicable", 0)),
+              "max_ulp_error": mine.loc[~mixed, ["max_ulp_error", "norm_ulp_error"]].max().max(),
+              "max_ulp_error_mixed": mine.loc[mixed, "max_ulp_error"].max()}
+    for group, keys in sets.items():
+      ratios = performance[performance["impl"] == impl["impl"]]
+      common = np.array([k in set(keys) for k in
+                         zip(ratios["workload"], ratios["dtype"], ratios["device"])], dtype=bool)
+      record[f"roofline {group}"] = geometric_mean(ratios.loc[common, "roofline_ratio"])
+    rows.append(record)
   return pd.DataFrame(rows, columns=[
-      "impl", "kind", "library", "version", "framework", "verdict", "pass", "deviation", "fail",
-      "not_applicable", "max_ulp_error", "roofline_ratio_geomean"])
+      "impl", "kind", "library", "version", "framework", "verdict", "worst", "pass",
+      "deviation", "fail", "not_applicable", "max_ulp_error", "max_ulp_error_mixed",
+      *(f"roofline {g}" for g in sets)])
+
+
+def performance_with_spread(performance: pd.DataFrame, benchmarks: pd.DataFrame) -> pd.DataFrame:
+  """The performance summary with each benchmark's ``iqr_s`` and ``rounds`` beside its median."""
+  keys = ["impl", "workload", "dtype", "device"]
+  if performance.empty:
+    return performance.assign(iqr_s=pd.Series(dtype=float), rounds=pd.Series(dtype=float))
+  spread = benchmarks.groupby(keys, sort=False)[["iqr_s", "rounds"]].first()
+  return performance.drop(columns=[c for c in ("iqr_s", "rounds") if c in performance],
+                          errors="ignore").join(spread, on=keys)
 
 
 # How asv metrics are folded over their parameters (workload, dtype, device) per commit.

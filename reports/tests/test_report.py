@@ -9,11 +9,13 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from clipbench import files
 from clipbench.reports import build, render, results, tables
+from clipbench.schema import CONFORMANCE_COLUMNS, SEVERITIES
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFORMANCE = os.path.join(DATA, "conformance.csv")
@@ -45,6 +47,16 @@ def report(sources) -> build.Report:
 
 
 # --- reading ---------------------------------------------------------------------------------
+
+def test_tables_read_with_the_one_schema(conformance, bench):
+  from clipbench import schema
+  from clipbench.conformance import results as written
+  assert tuple(conformance.columns) == schema.CONFORMANCE_COLUMNS
+  assert tuple(bench.frame.columns) == schema.BENCHMARK_COLUMNS
+  assert written.to_csv([]).strip() == ",".join(schema.CONFORMANCE_COLUMNS)
+  for name in ("OUTCOMES", "CONFORMANCE_COLUMNS", "BENCHMARK_COLUMNS"):
+    assert getattr(results, name) is getattr(schema, name)  # imported, not declared again
+
 
 def test_read_conformance_types(conformance):
   assert set(conformance["outcome"]) <= set(results.OUTCOMES)
@@ -180,20 +192,79 @@ def test_accuracy_table(conformance):
                             "max_ulp_error"])
 
 
-def test_summary_verdicts(report):
+def test_summary_verdicts_name_the_worst_class(report):
   summary = report.tables["summary"].set_index("impl")
   assert summary.loc["reference", "verdict"] == "conforms"
-  assert summary.loc["optax.clip_by_global_norm", "verdict"] == (
-      "conforms except listed deviations")
-  assert summary.loc["tmpmod:impl", "verdict"] == "fails"
+  # optax has a rounding-level deviation too; its verdict names the most harmful class.
+  assert summary.loc["optax.clip_by_global_norm", "verdict"] == "silent wrong values"
+  assert summary.loc["torch.clip_grad_norm_", "verdict"] == "rounding-level deviations only"
+  assert summary.loc["tmpmod:impl", "verdict"] == "2 unlisted failures"
+  assert summary.loc["kups.MaxStepSize", "verdict"] == "1 listed case passed (stale manifest)"
   assert summary.loc["clipbench.numba", "verdict"] == "not checked"  # benchmarked only
   assert list(summary.index[:2]) == ["reference", "clipbench.jax"]
 
 
-def test_divergences_failures_first(report):
-  div = report.tables["divergences"]
-  assert list(div["outcome"].iloc[:3]) == ["fail", "error", "unexpected-pass"]
-  assert (div["outcome"] == "deviation").sum() == 4
+def test_severity_table_counts_cases_and_entries(report):
+  severity = report.tables["severity"].set_index("impl")
+  optax = severity.loc["optax.clip_by_global_norm"]
+  assert (optax["silent-wrong-value"], optax["silent-wrong-value entries"]) == (2, 2)
+  assert (optax["rounding-level"], optax[tables.UNLISTED]) == (1, 0)
+  assert severity.loc["torch.clip_grad_norm_", "rounding-level"] == 1
+  assert severity.loc["tmpmod:impl", tables.UNLISTED] == 2  # a fail and an error
+  assert severity.loc["kups.MaxStepSize", tables.STALE] == 1
+  assert severity.loc["reference"].drop(
+      [c for c in severity.columns if c.endswith("entries")]).sum() == 0
+
+
+def test_summary_leads_with_the_severity_table_most_harmful_first(report):
+  md = render.to_markdown(report.document)
+  summary = md.index("## Summary")
+  table = md.index("| implementation | silent-wrong-value | invalid-input-accepted |", summary)
+  assert table < md.index("### Verdict, accuracy and speed") < md.index("## Conformance matrix")
+  header = md[table:md.index("\n", table)]
+  assert header.index(tables.UNLISTED) > header.index("rounding-level")
+  assert "| optax.clip_by_global_norm | 2 (2) | 0 | 0 | 0 | 1 (1) | 0 |" in md
+  html_text = render.to_html(report.document)
+  assert 'class="num sev-silent-wrong-value"' in html_text  # the harmful cell stands out
+
+
+def test_results_without_severity_are_unclassified(conformance):
+  older = conformance.assign(severity="")
+  severity = tables.severity_table(older).set_index("impl")
+  assert severity.loc["optax.clip_by_global_norm", tables.UNCLASSIFIED] == 3
+  assert severity.loc["tmpmod:impl", tables.UNLISTED] == 2
+  summary = tables.implementation_summary(older, None).set_index("impl")
+  assert summary.loc["optax.clip_by_global_norm", "verdict"] == "unclassified deviations"
+  md = render.to_markdown(build.build(build.Sources(conformance=older), generated=NOW).document)
+  assert f"| {tables.UNCLASSIFIED} |" in md or f" {tables.UNCLASSIFIED} |" in md
+
+
+def test_unknown_severity_is_an_error(tmp_path):
+  path = tmp_path / "conformance.csv"
+  path.write_text("impl,rule,outcome,severity\nx,1,deviation,harmless\n")
+  with pytest.raises(results.ResultsError, match="line 2: unknown severity 'harmless'"):
+    results.read_conformance(path)
+
+
+def test_catalogue_one_row_per_entry_most_harmful_first(report):
+  catalogue = report.tables["divergences"]
+  assert list(catalogue["class"]) == [
+      tables.UNLISTED, tables.UNLISTED, "silent-wrong-value", "silent-wrong-value",
+      "rounding-level", "rounding-level", tables.STALE]
+  assert catalogue["cases"].sum() == 7
+
+
+def test_catalogue_groups_cases_of_one_entry_and_keeps_the_shortest_reproducer(conformance):
+  extra = conformance[conformance["outcome"] == "deviation"].head(1)
+  many = pd.concat([extra.assign(case=f"c{i}", reproducer="x = 1\n" * (i + 1))
+                    for i in range(30)], ignore_index=True)
+  catalogue = tables.divergence_catalogue(many, max_case_names=5)
+  assert len(catalogue) == 1
+  row = catalogue.iloc[0]
+  assert row["cases"] == 30 and row["reproducer"] == "x = 1\n"
+  assert row["case_names"] == "c0, c1, c2, c3, c4 and 25 more"
+  capped = tables.divergence_catalogue(many.assign(reproducer="y" * 5000))
+  assert capped.iloc[0]["reproducer"] == "" and capped.iloc[0]["reproducer_chars"] == 5000
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -203,16 +274,106 @@ def test_html_is_self_contained_and_complete(report):
   assert "<script" not in text.lower()
   assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
   assert "@import" not in text and "url(" not in text
-  assert text.count("data:image/png;base64,") == 3  # two size families + roofline bars
-  for anchor in ("summary", "conformance", "accuracy", "performance", "divergences",
-                 "history", "machine"):
+  # Two size families + roofline bars, linked as the PNG files written beside the page.
+  images = re.findall(r'<img alt="[^"]*" src="(plots/[^"]+\.png)"', text)
+  assert sorted(images) == sorted(render.image_path(p) for p in render.plots_of(report.document))
+  assert len(images) == 3 and "base64" not in text
+  for anchor in ("summary", "severity", "conformance", "accuracy", "performance",
+                 "divergences", "history", "machine"):
     assert f'id="{anchor}"' in text
+    assert f'href="#{anchor}"' in text  # the table of contents links every section
   # The reason of a cell is both a tooltip and a visible footnote it links to.
   assert re.search(r'title="1 pass, 1 deviation \| 0/0 when norm == max == 0 gives NaN"', text)
   assert re.search(r'<sup><a href="#note-\d+">\[\d+\]</a></sup>', text)
   assert "torch.nn.utils.clip_grad_norm_([p], 5.0)" in text  # a reproducer
   assert "Fixture CPU @ 2.60GHz" in text and "9.6 GB/s" in text
   assert "Rule 3" not in text or "At or below the threshold" in text
+
+
+def test_html_catalogue_collapsed_and_wide_tables_scroll(report):
+  text = render.to_html(report.document)
+  catalogue = text[text.index('id="divergences"'):]
+  assert catalogue.count("<details>") == len(report.tables["divergences"])
+  assert "<details open" not in catalogue
+  assert text.count("<table") == text.count('<div class="scroll"><table')
+  assert "div.scroll{overflow-x:auto" in text
+
+
+def test_rule_titles_come_from_the_protocol(sources, monkeypatch):
+  monkeypatch.setattr(build, "RULES", {3: "A title only the protocol knows"})
+  md = render.to_markdown(build.build(sources, generated=NOW).document)
+  assert "R3 A title only the protocol knows" in md
+  assert "At or below the threshold" not in md  # SPEC.md's prose is not parsed
+
+
+def test_accuracy_table_marks_the_mixed_dtype_allowance(report):
+  accuracy = report.tables["accuracy"].set_index(["impl", "op", "dtype"])
+  assert accuracy.loc[("clipbench.jax", "clip_by_global_norm", "float32+float64"),
+                      "mixed_allowance"]
+  assert not accuracy.loc[("optax.clip_by_global_norm", "clip_grad_norm", "float16"),
+                          "mixed_allowance"]  # inf ulps within one dtype is no allowance
+  md = render.to_markdown(report.document)
+  assert "| 1.5e+09 / 0 [1] |" in md and "mixed-dtype allowance" in md
+  summary = report.tables["summary"].set_index("impl")
+  assert summary.loc["clipbench.jax", "max_ulp_error"] == 0.5  # one dtype apart from mixed
+  assert "1.5e+09 (mixed-dtype allowance)" in md
+
+
+def test_benchmark_spread_is_read(bench):
+  row = bench.frame.set_index(["impl", "workload", "dtype"]).loc[
+      ("clipbench.jax", "W1-model", "float32")]
+  assert row["iqr_s"] == pytest.approx(row["median_s"] * 0.02)
+  assert row["rounds"] == 11
+
+
+def test_every_timing_shows_verdict_spread_and_direction(report):
+  md = render.to_markdown(report.document)
+  section = md[md.index("### W1-model"):md.index("### W2-relax")]
+  assert ("| median time (lower is better) | IQR | rounds | GB/s (higher is better) | "
+          "roofline ratio (lower is better) |") in section
+  optax = next(line for line in section.splitlines()
+               if line.startswith("| optax.clip_by_global_norm | library | float32"))
+  assert "| 90.6 ms | 1.81 ms | 11 |" in optax and optax.endswith("| silent wrong values |")
+  torch = next(line for line in section.splitlines()
+               if line.startswith("| torch.clip_grad_norm_ | library | float32"))
+  assert torch.endswith("| rounding-level deviations only |")
+
+
+def test_geomean_only_over_workloads_every_implementation_ran(report, bench):
+  sets = tables.comparison_sets(bench.summary, build.workload_group)
+  # clipbench.numba has no bfloat16 result: the bfloat16 runs compare nothing in common.
+  assert sets["global"] == [("W1-model", "float32", "cpu"), ("W4-many-small", "float32", "cpu")]
+  summary = report.tables["summary"].set_index("impl")
+  jax_ratios = bench.summary.set_index(["impl", "workload", "dtype"])["roofline_ratio"]
+  assert summary.loc["clipbench.jax", "roofline global"] == pytest.approx(math.sqrt(
+      jax_ratios[("clipbench.jax", "W1-model", "float32")] *
+      jax_ratios[("clipbench.jax", "W4-many-small", "float32")]))
+  assert math.isnan(summary.loc["kups.ClipByGlobalNorm", "roofline global"])
+  # One implementation without W4: W4 leaves every geometric mean of the group.
+  without = bench.summary[~((bench.summary["impl"] == "optax.clip_by_global_norm") &
+                            (bench.summary["workload"] == "W4-many-small"))]
+  sets = tables.comparison_sets(without, build.workload_group)
+  assert sets["global"] == [("W1-model", "float32", "cpu")]
+  narrowed = tables.implementation_summary(report.tables["conformance"], without,
+                                           build.workload_group).set_index("impl")
+  assert narrowed.loc["clipbench.jax", "roofline global"] == pytest.approx(
+      jax_ratios[("clipbench.jax", "W1-model", "float32")])
+  md = render.to_markdown(report.document)
+  assert "global: W1-model float32, W4-many-small float32" in md
+
+
+def test_log_axis_over_many_decades_has_one_label_per_decade():
+  from matplotlib.figure import Figure
+  from clipbench.reports import plots
+  ax = Figure().subplots()
+  ax.set_xscale("log")
+  ax.set_xlim(0.8, 5000)
+  plots.readable_log_axis(ax.xaxis, 0.8, 5000)
+  ticks = [t for t in ax.get_xticks() if 0.8 <= t <= 5000]
+  assert ticks == [1, 10, 100, 1000]
+  ax.set_xlim(0.8, 20)
+  plots.readable_log_axis(ax.xaxis, 0.8, 20)
+  assert [t for t in ax.get_xticks() if 0.8 <= t <= 20] == [1, 2, 5, 10, 20]
 
 
 def test_markdown_has_the_same_content(report):
@@ -259,9 +420,14 @@ def test_write_dated_and_latest(tmp_path, report):
   assert os.path.basename(second) == "2026-11-22_010203-2"
   latest = tmp_path / "latest"
   names = set(os.listdir(latest))
-  assert {"index.html", "REPORT.md", "conformance.csv", "conformance_matrix.csv",
-          "accuracy.csv", "performance.csv", "divergences.csv", "versions.csv",
-          "asv_history.csv", "plots"} <= names
+  assert {"index.html", "REPORT.md", "conformance.csv.gz", "conformance_matrix.csv",
+          "accuracy.csv", "performance.csv", "divergences.csv", "severity.csv",
+          "versions.csv", "asv_history.csv", "plots"} <= names
+  # The results table, compressed, reads back as recorded, per-case reproducers aside.
+  full = results.read_conformance(latest / "conformance.csv.gz")
+  recorded = results.read_conformance(CONFORMANCE)
+  pd.testing.assert_frame_equal(full.drop(columns="reproducer"),
+                                recorded.drop(columns="reproducer"))
   assert len(os.listdir(latest / "plots")) == 3
   assert (latest / "index.html").read_text() == open(os.path.join(second, "index.html")).read()
   assert oct(os.stat(latest / "index.html").st_mode & 0o777) != oct(0o600)
@@ -318,3 +484,65 @@ def test_copy_dir_atomically_replaces_whole_folder(tmp_path):
   files.copy_dir_atomically(str(src), str(dst))
   assert sorted(os.listdir(dst)) == ["a.txt"]
   assert sorted(os.listdir(tmp_path)) == ["dst", "src"]
+
+
+# --- size ------------------------------------------------------------------------------------
+
+REPORT_MD_LIMIT = 300 * 1024  # bytes: REPORT.md reads on GitHub at a glance
+FILE_LIMIT = 500 * 1024  # bytes: GitHub's diff limit per file
+
+
+def large_conformance(impls: int = 12, entries: int = 12, cases: int = 25,
+                      passes: int = 500) -> pd.DataFrame:
+  """A results table shaped like a full run of every library, larger: thousands of divergent
+  rows, each with a reproducer of several kilobytes (the committed report of 708 such rows
+  had a 1.15 MB REPORT.md)."""
+  rng = np.random.default_rng(0)
+  classes = list(SEVERITIES)
+  rows = []
+  for i in range(impls):
+    impl = f"library{i}.clip"
+    base = {"impl": impl, "kind": "library", "library": f"library{i}", "version": "1.0",
+            "framework": "numpy", "op": "clip_grad_norm", "dtype": "float32",
+            "max_ulp_error": 3.0, "norm_ulp_error": 1.0, "duration_s": 0.01}
+    for j in range(passes):
+      rows.append({**base, "rule": str(j % 13 + 1), "case": f"case{j}", "outcome": "pass",
+                   "test_id": f"conformance/test_rules.py::test[{impl}-case{j}]"})
+    for e in range(entries):
+      for c in range(cases):
+        values = ", ".join(repr(float(v)) for v in rng.standard_normal(int(rng.integers(50, 600))))
+        rows.append({
+            **base, "rule": str(e % 13 + 1), "case": f"entry{e}_case{c}",
+            "outcome": "fail" if e == 0 else "deviation",
+            "severity": "" if e == 0 else classes[e % len(classes)],
+            "reason": "" if e == 0 else f"reason {e} of {impl}: " + "why " * 30,
+            "observed": "system 0: " + "observed detail " * 30,
+            "reproducer": f"import numpy as np\nleaves = [np.array([{values}])]\nassert False",
+            "test_id": f"conformance/test_rules.py::test_rule{e % 13 + 1}"
+                       f"[{impl}-entry{e}_case{c}]"})
+  frame = pd.DataFrame(rows)
+  for column in CONFORMANCE_COLUMNS:
+    if column not in frame:
+      frame[column] = ""
+  return frame[list(CONFORMANCE_COLUMNS)].fillna("")
+
+
+def test_report_of_a_large_run_fits_where_people_read_it(tmp_path, bench):
+  conformance = large_conformance()
+  divergent = conformance["outcome"].isin(["fail", "deviation"]).sum()
+  assert divergent >= 3000 and conformance["reproducer"].str.len().sum() > 10 * FILE_LIMIT
+  path = tmp_path / "conformance.csv"
+  conformance.to_csv(path, index=False)
+  report = build.build(build.Sources(conformance=results.read_conformance(path),
+                                     benchmarks=bench), generated=NOW)
+  build.write_folder(report, str(tmp_path / "out"))
+  sizes = {os.path.relpath(os.path.join(root, name), tmp_path / "out"):
+           os.path.getsize(os.path.join(root, name))
+           for root, _, names in os.walk(tmp_path / "out") for name in names}
+  assert sizes["REPORT.md"] < REPORT_MD_LIMIT, sizes
+  assert max(sizes.values()) < FILE_LIMIT, sizes
+  # Every case is in the compressed table; the catalogue shows one reproducer per entry.
+  full = results.read_conformance(tmp_path / "out" / "conformance.csv.gz")
+  assert len(full) == len(conformance) and (full["case"] == conformance["case"]).all()
+  catalogue = pd.read_csv(tmp_path / "out" / "divergences.csv", keep_default_na=False)
+  assert len(catalogue) == 12 * 12 and catalogue["cases"].sum() == divergent

@@ -1,7 +1,8 @@
 """Regenerates the recorded results the report tests run on (run from anywhere, once).
 
-The files are hand-made, not measured: a conformance table with every outcome (including a
-multi-line reproducer with quotes and commas), a pytest-benchmark JSON file with two problem
+The files are hand-made, not measured: a conformance table with every outcome and severity
+class that matters to the summary (including a multi-line reproducer with quotes and commas,
+and a mixed-dtype error within rule 4's allowance), a pytest-benchmark JSON file with two problem
 sizes per workload family, and an asv results folder with two commits written through asv's
 own ``Results`` class (so the format is asv's). Numbers are plausible, not real.
 """
@@ -14,11 +15,11 @@ import json
 import os
 import shutil
 
+from clipbench.schema import CONFORMANCE_COLUMNS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-COLUMNS = ["impl", "kind", "library", "version", "framework", "op", "rule", "case", "dtype",
-           "outcome", "max_ulp_error", "norm_ulp_error", "observed", "reason", "reproducer",
-           "test_id", "duration_s"]
+COLUMNS = list(CONFORMANCE_COLUMNS)
 RULES = [str(i) for i in range(1, 14)]
 
 IMPLS = {
@@ -49,13 +50,16 @@ print(tmpmod.impl.clip_grad_norm(x, 1.0))'''
 
 
 def row(impl, op, rule, case, dtype, outcome, ulp="", observed="", reason="", repro="",
-        norm_ulp=None):
+        norm_ulp=None, severity=""):
   kind, library, version, framework = IMPLS[impl]
   label = f"rule{rule}" if rule.isdigit() else rule
   test_id = f"conformance/test_rules.py::test_{label}[{impl}-{op}-{label}-{case}]"
   norm_ulp = ulp if norm_ulp is None else norm_ulp
-  return dict(zip(COLUMNS, [impl, kind, library, version, framework, op, rule, case, dtype,
-                            outcome, ulp, norm_ulp, observed, reason, repro, test_id, "0.01"]))
+  return {"impl": impl, "kind": kind, "library": library, "version": version,
+          "framework": framework, "op": op, "rule": rule, "case": case, "dtype": dtype,
+          "outcome": outcome, "severity": severity, "max_ulp_error": ulp,
+          "norm_ulp_error": norm_ulp, "observed": observed, "reason": reason,
+          "reproducer": repro, "test_id": test_id, "duration_s": "0.01"}
 
 
 def conformance_rows():
@@ -69,6 +73,10 @@ def conformance_rows():
     rows.append(row(impl, "clip_grad_norm", "transform", "jit", "float32",
                     "pass" if impl != "reference" else "not-applicable",
                     reason="" if impl != "reference" else "declares no transforms"))
+    # A float64 leaf sharing a system with a float32 leaf: rule 4 lets the factor sit 4
+    # float32 roundoffs low, about 2**31 float64 ulps (the reference itself has none).
+    rows.append(row(impl, "clip_by_global_norm", "4", "mixed_float32_float64", "float32+float64",
+                    "pass", "0" if impl == "reference" else "1.5e+09", norm_ulp="0"))
   lib = "optax.clip_by_global_norm"
   for rule in RULES:
     if rule in ("2", "11", "13"):
@@ -81,13 +89,15 @@ def conformance_rows():
       rows.append(row(lib, "clip_grad_norm", rule, "random", "float32", "pass", "1"))
   rows.append(row(lib, "clip_grad_norm", "3", "zero_eq_zero", "float32", "deviation",
                   observed="NaN output", reason="0/0 when norm == max == 0 gives NaN",
-                  repro=REPRO_OPTAX))
+                  repro=REPRO_OPTAX, severity="silent-wrong-value"))
   rows.append(row(lib, "clip_grad_norm", "4", "strict_bound", "float32", "deviation", "0.5",
                   norm_ulp="2.4",
                   observed="norm of output exceeds max by 2.4 ulp",
-                  reason="scales by t / norm * max, rounding may overshoot"))
+                  reason="scales by t / norm * max, rounding may overshoot",
+                  severity="rounding-level"))
   rows.append(row(lib, "clip_grad_norm", "5", "float16_300", "float16", "deviation", "inf",
-                  observed="norm inf", reason="squares in float16 before any upcast"))
+                  observed="norm inf", reason="squares in float16 before any upcast",
+                  severity="silent-wrong-value"))
   lib = "torch.clip_grad_norm_"
   for rule in RULES:
     if rule in ("2", "11", "13"):
@@ -98,12 +108,13 @@ def conformance_rows():
   rows.append(row(lib, "clip_grad_norm", "3", "norm_eq_max", "float32", "deviation",
                   observed="[2.9999993, 3.999999]",
                   reason="scales by max / (norm + 1e-6), so a norm at max is still scaled",
-                  repro=REPRO_TORCH))
+                  repro=REPRO_TORCH, severity="rounding-level"))
   lib = "kups.MaxStepSize"
   for rule in RULES:
     rows.append(row(lib, "clip_by_max_step", rule, "random", "float32", "pass", "0.5"))
   rows.append(row(lib, "clip_by_max_step", "6", "max_negative", "float32", "unexpected-pass",
-                  reason="negative max flips the sign of the step"))
+                  reason="negative max flips the sign of the step",
+                  severity="invalid-input-accepted"))
   impl = "tmpmod:impl"
   for rule in RULES:
     rows.append(row(impl, "clip_grad_norm", rule, "random", "float64", "pass", "0"))
