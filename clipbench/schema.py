@@ -16,7 +16,8 @@ OUTCOMES: tuple[str, ...] = (
 SEVERITIES: dict[str, str] = {
     "silent-wrong-value": "finite valid input, and the output or norm is wrong beyond rounding "
                           "(zeros, NaN, a flipped sign, over the bound by more than a few ulp)",
-    "invalid-input-accepted": "an invalid argument is accepted and a result returned",
+    "invalid-input-accepted": "an invalid argument is accepted (a result returned), or refused "
+                              "without an error of the documented type that names it",
     "valid-input-rejected": "a valid input raises, crashes or is refused",
     "non-finite-policy": "differs only on inputs that hold NaN or infinity",
     "rounding-level": "within a few ulp: ties, the strict bound, the norm's last bits",

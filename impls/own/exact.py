@@ -49,6 +49,11 @@ def _power_sum(m: np.ndarray, e: np.ndarray, p: int) -> Fraction:
   return Fraction(total) * Fraction(2) ** low
 
 
+def power_sum(m: np.ndarray, e: np.ndarray, p: int) -> Fraction:
+  """The exact sum of (m * 2**e)**p over magnitudes m * 2**e, for an integer p >= 1."""
+  return _power_sum(m, e, p)
+
+
 def exact_compare(m: np.ndarray, e: np.ndarray, p: float, c: Fraction) -> int:
   """-1, 0, 1 as the exact p-norm of magnitudes m * 2**e is <, ==, > the rational c."""
   m = np.asarray(m).ravel()

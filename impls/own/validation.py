@@ -39,6 +39,13 @@ def check_leaves(leaves: Any, is_array) -> list:
   return leaves
 
 
+def check_leaf_dtype_name(i: int, dtype_name: str) -> None:
+  """Rule 9 for one leaf whose dtype numpy cannot read (torch's), given by its name."""
+  if dtype_name not in SUPPORTED_DTYPES:
+    raise TypeError(f"leaves[{i}]: dtype {dtype_name} is not supported; "
+                    f"expected one of {', '.join(SUPPORTED_DTYPES)}")
+
+
 def check_threshold(value: Any, name: str, num_systems: int | None):
   """Rule 6: a float >= 0 (+inf allowed), or (per-system ops) one per system.
 
@@ -117,12 +124,29 @@ def check_num_systems(segments: Any, num_systems: Any, num_leaves: int) -> int |
 
 def check_segment(i: int, leaf_shape: tuple, seg_shape: tuple, seg_dtype: Any) -> None:
   """Rule 13 (static part of one leaf): an integer id array of shape (rows,)."""
+  check_leaf_has_rows(i, leaf_shape)
+  dt = np.dtype(seg_dtype)
+  _check_ids(i, leaf_shape, seg_shape, dt.kind in "iu", dt.name)
+
+
+def check_segment_ids(i: int, leaf_shape: tuple, seg_shape: tuple, is_integer: bool,
+                      dtype_name: str) -> None:
+  """``check_segment`` for ids whose dtype numpy cannot read (torch's): given by its kind."""
+  check_leaf_has_rows(i, leaf_shape)
+  _check_ids(i, leaf_shape, seg_shape, is_integer, dtype_name)
+
+
+def check_leaf_has_rows(i: int, leaf_shape: tuple) -> None:
+  """Rule 13: a leaf given system ids has rows (is not 0-d)."""
   if len(leaf_shape) == 0:
     raise ValueError(f"leaves[{i}]: a 0-d leaf has no rows to assign with segments[{i}]")
-  dt = np.dtype(seg_dtype)
-  if dt.kind not in "iu":
+
+
+def _check_ids(i: int, leaf_shape: tuple, seg_shape: tuple, is_integer: bool,
+               dtype_name: str) -> None:
+  if not is_integer:
     raise ValueError(f"segments[{i}]: expected an integer array for leaves[{i}], got dtype "
-                     f"{dt.name}")
+                     f"{dtype_name}")
   if tuple(seg_shape) != (leaf_shape[0],):
     raise ValueError(f"segments[{i}]: expected shape ({leaf_shape[0]},) to match the rows of "
                      f"leaves[{i}], got {tuple(seg_shape)}")

@@ -1,12 +1,12 @@
 """The numba kernels' fused route for sorted segments against their general route.
 
 Per-system calls on float32 leaves with sorted int32/int64 ids take one fused pass over each
-chunk of systems (``numba_kernels._fused_systems``; the threads claim the chunks in turn): ids
+chunk of systems (``fused.fused_systems``; the threads claim the chunks in turn): ids
 scanned, squares summed, systems finalized and scaled while in cache. It must give the bits of
-the general route (separate scan, items, combine, finalize and apply kernels) on every input,
+the general route (separate scan, blocks, combine, finalize and apply kernels) on every input,
 however the systems are cut into chunks, hand back what it does not handle (unsorted or
 out-of-range ids, non-finite elements in zero mode) and raise the general route's errors.
-The general route is forced by disabling the fused one (``_fused_run`` returning None).
+The general route is forced by disabling the fused one (``fused.run`` returning None).
 """
 
 from __future__ import annotations
@@ -16,15 +16,40 @@ import threading
 import numpy as np
 import pytest
 
-nk = pytest.importorskip("clipbench.impls.own.numba_kernels")
+pytest.importorskip("numba")
+# pylint: disable=wrong-import-position
+from numba import njit
+
+from clipbench.impls.own import decision
+from clipbench.impls.own.numba import api, fused, general, threads
+from clipbench.impls.own.numba.finalize import sum_rel_err_of_squares
+from clipbench.impls.own.numba.intrinsics import claim_next
+from clipbench.impls.own.numba.layout import BLOCK, Prepared, leaf_layout
+from clipbench.impls.own.numba.run_scan import RUN_LANES, SEG_CODE_OF, SEG_I32, run_end
+from clipbench.impls.own.numba.segments import checked_segments, rows_below, rows_below_each
 
 OPS = ("clip_by_global_norm", "clip_by_max_step")
 
 
 def _general(monkeypatch, op, *args, **kwargs):
   with monkeypatch.context() as m:
-    m.setattr(nk, "_fused_run", lambda *a, **k: None)
-    return getattr(nk, op)(*args, **kwargs)
+    m.setattr(fused, "run", lambda *a, **k: None)
+    return getattr(api, op)(*args, **kwargs)
+
+
+def _fused(leaves, segments, num_systems, step, sums=None):
+  """The fused route alone, threshold 1.0, propagate mode: (outputs, norms) or None."""
+  return fused.run(leaves, leaf_layout(leaves), 1.0, segments, num_systems, False, step,
+                   sums=sums)
+
+
+def _general_sums(leaves, segments, num_systems, step):
+  """The general route's per-system sums (of squares, or largest vector sums)."""
+  segs = checked_segments(leaves, segments, num_systems)
+  prep = Prepared(list(leaves), leaf_layout(leaves), segs)
+  stats = (general.step_stats(prep, False, False) if step else
+           general.global_stats(prep, 2.0, False, False))
+  return stats["s_hi"]
 
 
 def _assert_same_bits(got, want):
@@ -43,7 +68,7 @@ def _batch(seed: int, num_systems: int, mean_rows: int, id_dtype=np.int64):
   over many binades (subnormals included), sorted ids."""
   rng = np.random.default_rng(seed)
   leaves, segments = [], []
-  for width, empty_share in ((3, 0.1), (None, 0.3), (1 + nk.BLOCK // 16, 0.9)):
+  for width, empty_share in ((3, 0.1), (None, 0.3), (1 + BLOCK // 16, 0.9)):
     counts = rng.poisson(mean_rows, num_systems)
     counts[rng.random(num_systems) < empty_share] = 0
     ids = np.repeat(np.arange(num_systems), counts).astype(id_dtype)
@@ -75,7 +100,7 @@ def test_fused_route_gives_the_general_route_bits(monkeypatch, op, seed, num_sys
     for nonfinite in ("propagate", "zero"):
       args = (leaves, threshold)
       kwargs = dict(segments=segments, num_systems=num_systems, nonfinite=nonfinite)
-      _assert_same_bits(getattr(nk, op)(*args, **kwargs), _general(monkeypatch, op, *args,
+      _assert_same_bits(getattr(api, op)(*args, **kwargs), _general(monkeypatch, op, *args,
                                                                    **kwargs))
 
 
@@ -89,9 +114,9 @@ def test_fused_route_is_taken_for_sorted_float32(monkeypatch, op, norm_type):
   def general_path(*args, **kwargs):
     raise AssertionError("the general route ran")
 
-  monkeypatch.setattr(nk, "_validate", general_path)
+  monkeypatch.setattr(general, "run", general_path)
   kwargs = {} if norm_type is None else {"norm_type": norm_type}
-  out, norms = getattr(nk, op)(leaves, 1.0, segments=segments, num_systems=3_000, **kwargs)
+  out, norms = getattr(api, op)(leaves, 1.0, segments=segments, num_systems=3_000, **kwargs)
   assert norms.shape == (3_000,)
   assert any(np.count_nonzero(o != x) for o, x in zip(out, leaves)), "nothing was clipped"
 
@@ -107,7 +132,7 @@ def test_nonfinite_systems_match_the_general_route(monkeypatch, op, mode):
     flat[rng.integers(0, flat.size, 5)] = -np.inf
   args = (leaves, 0.5)
   kwargs = dict(segments=segments, num_systems=2_000, nonfinite=mode)
-  got = getattr(nk, op)(*args, **kwargs)
+  got = getattr(api, op)(*args, **kwargs)
   _assert_same_bits(got, _general(monkeypatch, op, *args, **kwargs))
   if mode == "propagate":
     assert np.isnan(got[1]).any(), "no system was poisoned"
@@ -125,7 +150,7 @@ def test_exact_ties_are_kept_bitwise(monkeypatch, op):
   cell = np.zeros((num_systems, 3, 3), np.float32)
   args = ([pos, cell], 5.0)
   kwargs = dict(segments=[ids, np.arange(num_systems)], num_systems=num_systems)
-  got = getattr(nk, op)(*args, **kwargs)
+  got = getattr(api, op)(*args, **kwargs)
   np.testing.assert_array_equal(got[0][0][tie_rows].view(np.uint32), pos[tie_rows].view(np.uint32))
   assert got[1][17] == np.float32(5.0)
   _assert_same_bits(got, _general(monkeypatch, op, *args, **kwargs))
@@ -142,7 +167,7 @@ def test_unsorted_ids_fall_back_with_the_same_bits(monkeypatch, op, where):
     ids[j + 1] = max(0, ids[j] - 1)
   segments[0] = ids
   kwargs = dict(segments=segments, num_systems=2_000)
-  _assert_same_bits(getattr(nk, op)(leaves, 1.0, **kwargs),
+  _assert_same_bits(getattr(api, op)(leaves, 1.0, **kwargs),
                     _general(monkeypatch, op, leaves, 1.0, **kwargs))
 
 
@@ -155,7 +180,7 @@ def test_out_of_range_ids_raise_the_general_route_error(monkeypatch, op, bad_id,
   segments[1][where] = bad_id
   kwargs = dict(segments=segments, num_systems=2_000)
   with pytest.raises(ValueError, match=r"segments\[1\]: system id") as fused:
-    getattr(nk, op)(leaves, 1.0, **kwargs)
+    getattr(api, op)(leaves, 1.0, **kwargs)
   with pytest.raises(ValueError) as general:
     _general(monkeypatch, op, leaves, 1.0, **kwargs)
   assert str(fused.value) == str(general.value)
@@ -169,26 +194,22 @@ def test_fused_sums_are_the_general_route_sums(op, seed, num_systems, mean_rows)
   leaves, segments = _batch(seed, num_systems, mean_rows)
   step = op == "clip_by_max_step"
   sums = np.full(num_systems, np.nan)
-  assert nk._fused_run(leaves, 1.0, "max_norm", segments, num_systems, "propagate", step,
-                       sums=sums) is not None
-  _, segs, count, row_offsets = nk._validate(leaves, segments, num_systems, True)
-  prep = nk._Prepared(list(leaves), segs, row_offsets, count)
-  stats = (nk._step_stats(prep, False, False) if step else
-           nk._global_stats(prep, 2.0, False, False))
-  np.testing.assert_array_equal(sums.view(np.uint64), stats["s_hi"].view(np.uint64))
+  assert _fused(leaves, segments, num_systems, step, sums=sums) is not None
+  want = _general_sums(leaves, segments, num_systems, step)
+  np.testing.assert_array_equal(sums.view(np.uint64), want.view(np.uint64))
 
 
 def test_fused_rel_err_is_numerics_sum_rel_err():
   # The kernel's scalar twin of the bound the general route takes from numerics: the same
   # bits for every count (a different bound moves near-tie decisions, which outputs rarely show).
   counts = np.concatenate([np.arange(0, 5000), 10 ** np.arange(4, 16), [2**53, 2**60]])
-  want = nk.decision.sum_rel_err(counts.astype(np.float64), 0.0)
-  got = np.array([nk._fused_rel_err(np.int64(n)) for n in counts.tolist()])
+  want = decision.sum_rel_err(counts.astype(np.float64), 0.0)
+  got = np.array([sum_rel_err_of_squares(np.int64(n)) for n in counts.tolist()])
   np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
 def _run_end_by_definition(ids, r, k):
-  """``_scan_run``'s rule, one id at a time: the first index >= r whose id is not k
+  """``run_end``'s rule, one id at a time: the first index >= r whose id is not k
   (len(ids) if none), or -1 when that id is below k."""
   e = r
   while e < len(ids) and int(ids[e]) == k:
@@ -199,38 +220,38 @@ def _run_end_by_definition(ids, r, k):
 @pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
 def test_run_scan_follows_its_rule(id_dtype):
   # Runs longer than a vector step, ending at every lane of a step, and unsorted ids.
-  run_end = nk.njit(lambda ids, r, k, code: nk._run_end(ids.ctypes.data, code, r, ids.size, k))
-  code = nk._SEG_CODE_OF[np.dtype(id_dtype)]
+  scan = njit(lambda ids, r, k, code: run_end(ids.ctypes.data, code, r, ids.size, k))
+  code = SEG_CODE_OF[np.dtype(id_dtype)]
   rng = np.random.default_rng(7)
   for trial in range(400):
-    ids = np.repeat(np.arange(6), rng.integers(0, 3 * nk._RUN_LANES + 2, 6)).astype(id_dtype)
+    ids = np.repeat(np.arange(6), rng.integers(0, 3 * RUN_LANES + 2, 6)).astype(id_dtype)
     if trial % 3 == 0 and ids.size:
       ids[rng.integers(0, ids.size, 2)] = rng.integers(0, 6, 2)
     for r in range(0, ids.size + 1, 1 + trial % 5):
       for k in range(-1, 7):
-        assert run_end(ids, r, k, code) == _run_end_by_definition(ids, r, k), (ids, r, k)
+        assert scan(ids, r, k, code) == _run_end_by_definition(ids, r, k), (ids, r, k)
 
 
 def test_run_scan_of_int32_ids_never_wraps_a_large_k():
   # Compared in int32 lanes, k = 2**32 + 5 would equal the ids 5: no run of it exists.
-  run_end = nk.njit(lambda ids, r, k: nk._run_end(ids.ctypes.data, nk._SEG_I32, r, ids.size, k))
-  ids = np.full(4 * nk._RUN_LANES, 5, dtype=np.int32)
-  assert run_end(ids, 0, 2**32 + 5) == -1
-  assert run_end(ids, 0, 5) == ids.size
+  scan = njit(lambda ids, r, k: run_end(ids.ctypes.data, SEG_I32, r, ids.size, k))
+  ids = np.full(4 * RUN_LANES, 5, dtype=np.int32)
+  assert scan(ids, 0, 2**32 + 5) == -1
+  assert scan(ids, 0, 5) == ids.size
 
 
 @pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
 def test_rows_below_counts_ids_below_k(id_dtype):
   ids = np.repeat(np.array([0, 3, 2**31 - 1]), 4).astype(id_dtype)
   for k in (0, 1, 3, 4, 2**31 - 1, 2**31, 2**40):
-    assert nk._rows_below(ids, k) == int(np.sum(ids.astype(np.int64) < k)), k
+    assert rows_below(ids, k) == int(np.sum(ids.astype(np.int64) < k)), k
 
 
 @pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
 def test_rows_below_each_counts_ids_below_every_key(id_dtype):
   ids = np.repeat(np.array([0, 3, 2**31 - 1]), 4).astype(id_dtype)
   keys = np.array([0, 1, 3, 4, 2**31 - 1, 2**31, 2**40], dtype=np.int64)
-  got = nk._rows_below_each(ids, keys)
+  got = rows_below_each(ids, keys)
   assert got.tolist() == [int(np.sum(ids.astype(np.int64) < k)) for k in keys]
 
 
@@ -241,46 +262,41 @@ def test_chunking_never_changes_bits(monkeypatch, op, chunks):
   # outputs, the norms and the sums equal the general route's however the systems are cut.
   num_systems = 300
   leaves, segments = _batch(12, num_systems, 40)
-  monkeypatch.setattr(nk, "_PARALLEL_MIN", 1)
-  monkeypatch.setattr(nk, "_CHUNK_MIN_BYTES", 1)
-  monkeypatch.setattr(nk, "_CHUNKS_PER_WORKER",
+  monkeypatch.setattr(threads, "PARALLEL_MIN", 1)
+  monkeypatch.setattr(fused, "CHUNK_MIN_BYTES", 1)
+  monkeypatch.setattr(fused, "CHUNKS_PER_WORKER",
                       {"one": 1, "some": 5, "one per system": num_systems}[chunks])
   if chunks == "one":
-    monkeypatch.setattr(nk, "_WORKERS", 1)
+    monkeypatch.setattr(threads, "WORKERS", 1)
   step = op == "clip_by_max_step"
   sums = np.full(num_systems, np.nan)
-  got = nk._fused_run(leaves, 1.0, "max_norm", segments, num_systems, "propagate", step,
-                      sums=sums)
+  got = _fused(leaves, segments, num_systems, step, sums=sums)
   assert got is not None
-  _, segs, count, row_offsets = nk._validate(leaves, segments, num_systems, True)
-  prep = nk._Prepared(list(leaves), segs, row_offsets, count)
-  stats = (nk._step_stats(prep, False, False) if step else
-           nk._global_stats(prep, 2.0, False, False))
-  np.testing.assert_array_equal(sums.view(np.uint64), stats["s_hi"].view(np.uint64))
+  want = _general_sums(leaves, segments, num_systems, step)
+  np.testing.assert_array_equal(sums.view(np.uint64), want.view(np.uint64))
   kwargs = dict(segments=segments, num_systems=num_systems)
   _assert_same_bits(got, _general(monkeypatch, op, leaves, 1.0, **kwargs))
   # Unsorted and out-of-range ids are caught in whichever chunk they fall.
   for j in (0, segments[0].size // 2, segments[0].size - 2):
     bad = [g.copy() for g in segments]
     bad[0][j], bad[0][j + 1] = bad[0][j + 1] + 1, bad[0][j]
-    assert nk._fused_run(leaves, 1.0, "max_norm", bad, num_systems, "propagate", step) is None
+    assert _fused(leaves, bad, num_systems, step) is None
   for bad_id in (-1, num_systems):
     for j in (0, segments[1].size // 2, -1):
       bad = [g.copy() for g in segments]
       bad[1][j] = bad_id
-      assert nk._fused_run(leaves, 1.0, "max_norm", bad, num_systems, "propagate",
-                           step) is None, (bad_id, j)
+      assert _fused(leaves, bad, num_systems, step) is None, (bad_id, j)
 
 
 def test_claims_give_every_number_to_exactly_one_thread():
   # The chunk counter's fetch-and-add must be atomic: two threads claiming as fast as they
   # can from one counter must never both get a number (a plain load, add and store would).
-  @nk.njit(nogil=True)
+  @njit(nogil=True)
   def claim_all(counter, limit):
     n = 0
     total = 0
     while True:
-      t = nk._claim_next(counter)
+      t = claim_next(counter)
       if t >= limit:
         return n, total
       n += 1

@@ -1,29 +1,34 @@
 """The numba kernels' float32 scaling routes agree bit for bit (SPEC rule 4's RTZ value).
 
-``_scale_f32`` forms ``|x| * s`` exactly in float64 and rounds it toward zero;
-``_scale_f32_fma`` and its streamed twin ``_nt_scale_f32_fma`` stay in float32 and fix the
-round-to-nearest product up by the sign of its FMA error. The apply pass picks the float32
-route whenever the factor is a float32, so both must give the exact RTZ product for every
-float32 input: normal, subnormal, zero, either sign, and products that underflow.
+``apply.scale_f32`` forms ``|x| * s`` exactly in float64 and rounds it toward zero;
+``apply.scale_f32_fma`` and its streamed twin ``streaming.nt_scale_f32_fma`` stay in float32
+and fix the round-to-nearest product up by the sign of its FMA error. The apply pass picks the
+float32 route whenever the factor is a float32, so both must give the exact RTZ product for
+every float32 input: normal, subnormal, zero, either sign, and products that underflow.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("numba")
+# pylint: disable=wrong-import-position
 from numba import njit
 
-nk = pytest.importorskip("clipbench.impls.own.numba_kernels")
+from clipbench.impls.own.numba.apply import scale_f32, scale_f32_fma
+from clipbench.impls.own.numba.intrinsics import store_fence
+from clipbench.impls.own.numba.streaming import LANES, nt_scale_f32_fma
 
 
 @njit
 def _both_routes(bits, factor, via_f64, via_fma, streamed):
-  nk._scale_f32(bits, via_f64, np.float64(factor))
-  nk._scale_f32_fma(bits, via_fma, factor)
-  body = bits.size - bits.size % 8
-  nk._nt_scale_f32_fma(bits.ctypes.data, streamed.ctypes.data, body, factor)
-  nk._scale_f32_fma(bits[body:], streamed[body:], factor)
-  nk._store_fence()
+  scale_f32(bits, via_f64, np.float64(factor))
+  scale_f32_fma(bits, via_fma, factor)
+  body = bits.size - bits.size % LANES
+  nt_scale_f32_fma(bits.ctypes.data, streamed.ctypes.data, body, factor)
+  scale_f32_fma(bits[body:], streamed[body:], factor)
+  store_fence()
 
 
 def _inputs(rng, n):
