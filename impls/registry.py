@@ -122,7 +122,7 @@ BUILTIN: tuple[Entry, ...] = (
     # Our own implementations (issue: fully conformant, batch-invariant, at the roofline).
     _own("clipbench.jax", "clipbench.impls.own.jax_kernels:implementation", "jax", "jax",
          "jit-compiled JAX/XLA", devices=_CPU, slow=_SLOW_OWN_JAX),
-    _own("clipbench.numba", "clipbench.impls.own.numba_kernels:implementation", "numba",
+    _own("clipbench.numba", "clipbench.impls.own.numba:implementation", "numba",
          "numpy", "compiled CPU kernel, parallel over systems", devices=_CPU),
     _own("clipbench.torch", "clipbench.impls.own.torch_kernels:eager", "torch", "torch",
          "torch eager"),

@@ -1,0 +1,137 @@
+"""Output memory: one aligned buffer per dtype, recycled, and leaf data addresses.
+
+Outputs are new arrays, views of one buffer per dtype. Leaves long enough to be streamed
+start on 64-byte boundaries (so do all their blocks: the apply pass streams them); the others
+follow, packed. Large buffers are recycled once every view of an earlier result is gone,
+because first-touch page faults on fresh memory cost about one more pass.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from clipbench.impls.own.numba.decode import DTYPES, ITEMSIZE
+from clipbench.impls.own.numba.streaming import STREAM_MIN
+
+
+class BufferPool:
+  """Recycles large output buffers once no output view of them is alive.
+
+  A fresh multi-megabyte buffer costs the kernel a page fault and a zero fill per page, about
+  one more pass over the data. A buffer handed out earlier is reused only when its reference
+  count shows that nothing but this pool holds it, so a returned leaf never shares memory
+  with another live result; it behaves like any allocator's free list (torch's caching
+  allocator works the same way). ``release_buffers()`` empties it.
+  """
+
+  MIN_BYTES = 1 << 20
+  MAX_FREE_PER_SIZE = 2
+  MAX_BYTES = 1 << 31
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._buffers: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
+
+  def empty(self, n: int, dtype: np.dtype) -> np.ndarray:
+    """An array of n elements of ``dtype`` that no live result shares."""
+    if n * dtype.itemsize < self.MIN_BYTES:
+      return np.empty(n, dtype=dtype)
+    key = (dtype, n)
+    with self._lock:
+      entries = self._buffers.setdefault(key, [])
+      # Held by the list and by getrefcount's argument only: every view of it is gone.
+      free = [i for i in range(len(entries)) if sys.getrefcount(entries[i]) == 2]
+      if free:
+        return entries[free[0]]
+      buf = np.empty(n, dtype=dtype)
+      if self._total() + buf.nbytes <= self.MAX_BYTES:
+        entries.append(buf)
+      return buf
+
+  def _total(self) -> int:
+    # Entries whose views are all gone beyond MAX_FREE_PER_SIZE per size are dropped first.
+    for entries in self._buffers.values():
+      free = [i for i in range(len(entries)) if sys.getrefcount(entries[i]) == 2]
+      for i in reversed(free[self.MAX_FREE_PER_SIZE:]):
+        del entries[i]
+    return sum(b.nbytes for v in self._buffers.values() for b in v)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._buffers.clear()
+
+
+_BUFFERS = BufferPool()
+
+
+def release_buffers() -> None:
+  """Drops the recycled output buffers (memory of live results is unaffected)."""
+  _BUFFERS.clear()
+
+
+@njit(nogil=True, cache=True)
+def _data_address(x):
+  return x.ctypes.data
+
+
+_NUMBA_TYPED = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
+
+
+def address(x: np.ndarray) -> int:
+  """The data address of an array."""
+  # A compiled call is several times cheaper than the array interface, and W1 asks for
+  # hundreds of addresses per call; numba does not type bfloat16 (nor, fully, float16).
+  if x.dtype in _NUMBA_TYPED:
+    return _data_address(x)
+  return x.__array_interface__["data"][0]
+
+
+def new_outputs(codes: np.ndarray, sizes: np.ndarray,
+                shapes: list[tuple[int, ...]]) -> tuple[list[np.ndarray], np.ndarray]:
+  """Fresh output leaves (views of one buffer per dtype) and their data addresses."""
+  nl = codes.size
+  outs: list[Any] = [None] * nl
+  out_addrs = np.zeros(nl, dtype=np.int64)
+  for code in range(4):
+    idx = np.flatnonzero(codes == code)
+    if not idx.size:
+      continue
+    # Leaves long enough to be streamed come first, each starting on a 64-byte boundary
+    # (so are all their blocks); the others follow, packed.
+    code_sizes = sizes[idx]
+    large = code_sizes >= STREAM_MIN
+    idx = np.concatenate([idx[large], idx[~large]])
+    code_sizes = np.concatenate([code_sizes[large], code_sizes[~large]])
+    align = 64 // int(ITEMSIZE[code])
+    slots = np.where(np.arange(code_sizes.size) < np.count_nonzero(large),
+                     -(-code_sizes // align) * align, code_sizes)
+    starts = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
+    raw = _BUFFERS.empty(int(slots.sum()) + align, DTYPES[code])
+    buf = raw[(-address(raw) % 64) // int(ITEMSIZE[code]):]
+    out_addrs[idx] = address(buf) + starts * ITEMSIZE[code]
+    _split_views(buf, idx.tolist(), starts.tolist(), code_sizes.tolist(), shapes, outs)
+  return outs, out_addrs
+
+
+def _split_views(buf, idx, starts, sizes, shapes, outs) -> None:
+  """outs[i] = buf[start:start+size].reshape(shape); a run of equal shapes is cut at C speed."""
+  j = 0
+  n = len(idx)
+  while j < n:
+    shape = shapes[idx[j]]
+    k = j + 1
+    while k < n and shapes[idx[k]] == shape and starts[k] == starts[k - 1] + sizes[k - 1]:
+      k += 1
+    if k - j > 1 and len(shape) >= 1:
+      block = buf[starts[j]:starts[j] + sizes[j] * (k - j)].reshape((k - j,) + shape)
+      for i, view in zip(idx[j:k], block):
+        outs[i] = view
+    else:
+      for t in range(j, k):
+        outs[idx[t]] = buf[starts[t]:starts[t] + sizes[t]].reshape(shapes[idx[t]])
+    j = k

@@ -1,0 +1,237 @@
+"""The fused route: one pass per chunk of systems for sorted segments (float32, L2, max-step).
+
+Sorted ids (the usual layout of batched simulations) put each system's rows of a leaf in one
+run, and a system (W3: ~3 KB) fits in L1. One pass over a chunk of contiguous systems then
+does everything the general route's separate passes do, system by system: it finds each
+run's end by scanning the ids (which validates them: every row of the chunk must be consumed,
+in id order, inside the chunk's systems), sums the run's blocks with the same block function
+and in the same order as the general route's power sums, finalizes the system
+(``finalize.finalize_one``, which the general route runs too) and scales the run while it is
+still in L1. The data comes from memory once instead of twice, the ids in the same pass
+instead of a separate scan, and no per-block arrays are built. It gives the general route's
+bits (its sums are checked equal, not only its outputs).
+
+The threads claim chunks in turn from an atomic counter, so a vCPU the host slows does less
+of the work instead of holding up the call. Near-ties are settled exactly on the host
+afterwards; ids that turn out unsorted or out of range, and non-finite elements in zero mode,
+hand the whole call back to the general route, which raises the same errors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit
+
+from clipbench.impls.own import decision, exact
+from clipbench.impls.own.numba import threads
+from clipbench.impls.own.numba.apply import apply_range
+from clipbench.impls.own.numba.buffers import address, new_outputs
+from clipbench.impls.own.numba.decode import F16_TABLE, F32, block_flags, views
+from clipbench.impls.own.numba.finalize import finalize_one, sum_rel_err_of_squares
+from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
+from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
+from clipbench.impls.own.numba.max_step import step_block_f32
+from clipbench.impls.own.numba.power_sums import SQUARES_F32
+from clipbench.impls.own.numba.records import (FusedOutputs, FusedRule, Ids, Leaves, RunAction,
+                                               SystemSums, Threshold)
+from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, run_end
+from clipbench.impls.own.numba.segments import rows_below, rows_below_each
+from clipbench.impls.own.numba.ties import tie_is_kept
+
+FUSED_OK, FUSED_UNSORTED, FUSED_NONFINITE = 0, 1, 2
+# The systems are cut into chunks that the threads claim in turn: up to this many per thread,
+# each of at least CHUNK_MIN_BYTES of leaves. More chunks balance a slowed vCPU better, but
+# each chunk restarts its streams (docs/cpu-kernels.md, "Chunks claimed in turn").
+CHUNKS_PER_WORKER = 16
+CHUNK_MIN_BYTES = 1 << 18
+
+
+@njit(inline="always", **JIT)
+def _nonfinite_flags(leaves, leaf, start, n):
+  """block_flags of elements [start, start + n) of a float32 leaf."""
+  a16, a32, a64 = views(leaves.addrs[leaf], leaves.sizes[leaf], F32)
+  return block_flags(F32, a16, a32, a64, leaves.table, start, n)
+
+
+@njit(**JIT)
+def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
+  """Systems [k0, k1) of float32 leaves whose rows [rows0[l], rows1[l]) hold exactly those
+  systems' ids, in order: L2 (``rule.step`` False) or max-step norms, decisions and outputs,
+  as the general route's blocks, combine, finalize and apply kernels compute them
+  (``out.sums``: each system's sum of squares, or largest vector sum for max-step, as the
+  combine kernels give it, for the tests of that claim). Returns FUSED_OK, or
+  FUSED_UNSORTED / FUSED_NONFINITE (then nothing it wrote is to be used)."""
+  nl = leaves.addrs.size
+  threshold = rule.threshold
+  cur = rows0.copy()
+  ends = rows0.copy()
+  for k in range(k0, k1):
+    total = 0.0
+    count = 0
+    flags = 0
+    for l in range(nl):
+      r = cur[l]
+      e = run_end(ids.addrs[l], ids.codes[l], r, rows1[l], k)
+      if e < 0:
+        return FUSED_UNSORTED
+      ends[l] = e
+      if e == r:
+        continue
+      start = r * leaves.rowsizes[l]
+      end = e * leaves.rowsizes[l]
+      count += end - start
+      if rule.step:
+        a32 = numba.carray(ptr_u32(leaves.addrs[l]), end)
+        best = step_block_f32(a32[start:end], leaves.vecs[l])
+        if best == np.inf:
+          flags |= _nonfinite_flags(leaves, l, start, end - start)
+        else:
+          total = max(total, best)
+        continue
+      for b in range(start, end, BLOCK):
+        n = min(BLOCK, end - b)
+        part = SQUARES_F32(numba.carray(ptr_u32(leaves.addrs[l] + 4 * b), n), np.int64(2), 2.0)
+        if not math.isfinite(part):
+          flags |= _nonfinite_flags(leaves, l, b, n)
+        total += part
+    if flags and rule.zero_mode:  # non-finite elements count as 0: the general route's case
+      return FUSED_NONFINITE
+    nan = (flags & 1) != 0
+    inf = (flags & 2) != 0 and not nan
+    rel = rule.step_rel_err if rule.step else sum_rel_err_of_squares(count)
+    zero = total == 0.0
+    norm_v, act, sm, se, is_tie = finalize_one(
+        SystemSums(total, 0.0, 0.5, np.int64(1), rel, zero, nan, inf),
+        Threshold(threshold.c_m[k], np.int64(threshold.c_e[k]), threshold.c_inf[k]), 2.0,
+        False)
+    # decision.compose_norm: ldexp(norm_v, 1), then zero, inf and NaN, rounded to float32.
+    v = norm_v * 2.0
+    if zero:
+      v = 0.0
+    if inf:
+      v = np.inf
+    if nan:
+      v = np.nan
+    out.norms[k] = np.float32(v)
+    out.sums[k] = total
+    out.action[k] = act
+    out.s_m[k] = sm
+    out.s_e[k] = se
+    out.tie[k] = is_tie
+    how = RunAction(act, sm, np.int64(se), math.ldexp(sm, se), False, False)
+    for l in range(nl):
+      r = cur[l]
+      e = ends[l]
+      if e > r:
+        apply_range(leaves.addrs[l], out.out_addrs[l], leaves.sizes[l], F32,
+                    leaves.table, r * leaves.rowsizes[l], (e - r) * leaves.rowsizes[l], how)
+      cur[l] = e
+  for l in range(nl):
+    if cur[l] != rows1[l]:
+      return FUSED_UNSORTED
+  return FUSED_OK
+
+
+@njit(**JIT)
+def fused_claimed(counter, cuts, bounds, status, leaves, ids, rule, out):
+  """``fused_systems`` over chunks t of systems [cuts[t], cuts[t + 1]) (rows
+  [bounds[t], bounds[t + 1])), each claimed from ``counter`` by whichever thread is free;
+  status[t] is the chunk's return value."""
+  parts = cuts.size - 1
+  while True:
+    t = claim_next(counter)
+    if t >= parts:
+      store_fence()  # once per thread, not per chunk: each fence drains the store buffers
+      return
+    status[t] = fused_systems(cuts[t], cuts[t + 1], bounds[t], bounds[t + 1], leaves, ids,
+                              rule, out)
+
+
+def qualifies(leaves: list[np.ndarray], segments: Any, num_systems: Any, nonfinite: Any) -> bool:
+  """Whether a call with checked leaves can take the fused route: every leaf a C-contiguous
+  float32 array with rows, every segment a contiguous int64 or int32 array of its leaf's rows,
+  at least one system and a valid non-finite mode. The kernel checks that the ids are sorted
+  and in range as it goes."""
+  if (not leaves or not isinstance(segments, (list, tuple)) or len(segments) != len(leaves) or
+      not isinstance(num_systems, (int, np.integer)) or
+      isinstance(num_systems, (bool, np.bool_)) or num_systems < 1 or
+      nonfinite not in ("propagate", "zero")):
+    return False
+  for x, seg in zip(leaves, segments):
+    if (type(x) is not np.ndarray or x.dtype != np.float32 or x.ndim < 1 or
+        not x.flags.c_contiguous or type(seg) is not np.ndarray or seg.ndim != 1 or
+        seg.dtype not in SEG_CODE_OF or not seg.flags.c_contiguous or
+        seg.shape[0] != x.shape[0]):
+      return False
+  return True
+
+
+def _chunks(layout: LeafLayout, segments: list[np.ndarray], num_systems: int):
+  """(cuts, bounds): chunk t holds systems [cuts[t], cuts[t + 1]) and, in leaf l, rows
+  [bounds[t, l], bounds[t + 1, l]). Cut where the largest leaf's rows split evenly; each
+  leaf's rows are cut at the same systems (a binary search, checked by the kernels: if the
+  ids are not sorted, some chunk is not consumed exactly)."""
+  ns, sizes, rows = num_systems, layout.sizes, layout.rows
+  total = int(sizes.sum())
+  parts = 1 if total < threads.PARALLEL_MIN else min(
+      ns, threads.WORKERS * CHUNKS_PER_WORKER, max(threads.WORKERS,
+                                                   4 * total // CHUNK_MIN_BYTES))
+  big = int(np.argmax(sizes))
+  cuts = np.empty(parts + 1, dtype=np.int64)
+  cuts[0], cuts[parts] = 0, ns
+  cuts[1:parts] = segments[big][rows[big] * np.arange(1, parts, dtype=np.int64) // parts]
+  np.maximum.accumulate(cuts, out=cuts)  # unchecked ids may go down or out of range
+  np.minimum(cuts, ns, out=cuts)
+  bounds = np.empty((parts + 1, len(segments)), dtype=np.int64)
+  for l, g in enumerate(segments):
+    bounds[:, l] = rows_below_each(g, cuts)
+  bounds[0], bounds[parts] = 0, rows  # every row is scanned, ids out of range included
+  np.maximum.accumulate(bounds, axis=0, out=bounds)
+  return cuts, bounds
+
+
+def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any,
+        segments: list[np.ndarray], num_systems: int, zero_mode: bool, step: bool, *,
+        sums: np.ndarray | None = None):
+  """The fused route for a call that ``qualifies`` with a checked threshold: (outputs,
+  norms), or None when the kernel hands the call back (ids unsorted or out of range,
+  non-finite elements in zero mode). ``sums`` (float64, one per system) receives the
+  per-system sums the decisions were made from."""
+  ns = int(num_systems)
+  c = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (ns,))
+  c_m, c_e, c_inf = exact.exact_frexp(c)
+  step_rel_err = float(decision.sum_rel_err(float(layout.vecs.max()), 0.0)) if step else 0.0
+  rule = FusedRule(Threshold(c_m, c_e.astype(np.int64), c_inf), step, step_rel_err, zero_mode)
+  outs, out_addrs = new_outputs(layout.codes, layout.sizes, layout.shapes)
+  out = FusedOutputs(out_addrs, np.empty(ns) if sums is None else sums,
+                     np.empty(ns, dtype=np.float32), np.empty(ns, dtype=np.int8), np.empty(ns),
+                     np.empty(ns, dtype=np.int64), np.empty(ns, dtype=np.bool_))
+  fused_leaves = Leaves(np.array([address(x) for x in leaves], dtype=np.int64), layout.sizes,
+                        layout.codes, layout.rowsizes, layout.vecs, F16_TABLE)
+  ids = Ids(np.array([address(g) for g in segments], dtype=np.int64),
+            np.array([SEG_CODE_OF[g.dtype] for g in segments], dtype=np.int64))
+  cuts, bounds = _chunks(layout, segments, ns)
+  parts = cuts.size - 1
+  status = np.full(parts, FUSED_OK, dtype=np.int64)
+  counter = np.zeros(1, dtype=np.int64)
+  threads.on_threads(
+      lambda: fused_claimed(counter, cuts, bounds, status, fused_leaves, ids, rule, out),
+      min(threads.WORKERS, parts))
+  if np.any(status != FUSED_OK):
+    return None
+  ties = np.flatnonzero(out.tie).tolist()
+  flat = [(x.reshape(int(n), int(r)), o.reshape(int(n), int(r)))
+          for x, o, n, r in zip(leaves, outs, layout.rows, layout.rowsizes)] if ties else []
+  for k in ties:
+    spans = [(rows_below(g, k), rows_below(g, k + 1)) for g in segments]
+    values = [x[lo:hi].astype(np.float64) for (x, _), (lo, hi) in zip(flat, spans)]
+    if step:
+      values = [v.reshape(-1, int(d)) for v, d in zip(values, layout.vecs)]
+    if tie_is_kept(values, float(c[k]), 2.0, step):
+      for (x, o), (lo, hi) in zip(flat, spans):
+        o[lo:hi] = x[lo:hi]
+  return outs, out.norms

@@ -1,0 +1,110 @@
+"""LLVM intrinsics the kernels need and numba does not expose.
+
+Raw pointers from addresses (leaves are read in place through their data pointers), bit
+casts between floats and their integer patterns (comparisons and ulp steps on the bits), a
+fused multiply-add for one float type (exact product errors), the x86 store fence that
+streamed stores need, and an atomic fetch-and-add (threads claiming chunks of work).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+# Options of every compiled kernel: serial code that releases the GIL (the thread pool runs
+# it), cached on disk per argument types, IEEE semantics (no fast-math).
+JIT = dict(nogil=True, cache=True, fastmath=False)
+
+
+def pointer_intrinsic(elem):
+  """An intrinsic ``as_pointer(addr)``: the int64 address as a pointer to ``elem``."""
+  @intrinsic
+  def as_pointer(typingctx, addr):
+    sig = types.CPointer(elem)(types.int64)
+
+    def codegen(context, builder, signature, args):
+      return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+  return as_pointer
+
+
+ptr_u16 = pointer_intrinsic(types.uint16)
+ptr_u32 = pointer_intrinsic(types.uint32)
+ptr_u64 = pointer_intrinsic(types.uint64)
+ptr_i32 = pointer_intrinsic(types.int32)
+ptr_i64 = pointer_intrinsic(types.int64)
+
+
+def _bitcast_intrinsic(from_type, to_type, ir_type):
+  """An intrinsic reinterpreting a ``from_type`` value's bits as ``to_type``."""
+  @intrinsic
+  def bitcast(typingctx, value):
+    sig = to_type(from_type)
+
+    def codegen(context, builder, signature, args):
+      return builder.bitcast(args[0], ir_type)
+    return sig, codegen
+  return bitcast
+
+
+f32 = _bitcast_intrinsic(types.uint32, types.float32, ir.FloatType())
+u32 = _bitcast_intrinsic(types.float32, types.uint32, ir.IntType(32))
+f64 = _bitcast_intrinsic(types.uint64, types.float64, ir.DoubleType())
+u64 = _bitcast_intrinsic(types.float64, types.uint64, ir.IntType(64))
+
+
+def _fma_intrinsic(elem, ir_type):
+  """fma(a, b, c) = a * b + c with one rounding, for one float type."""
+  @intrinsic
+  def fma(typingctx, a, b, c):
+    sig = elem(elem, elem, elem)
+
+    def codegen(context, builder, signature, args):
+      fn = builder.module.declare_intrinsic("llvm.fma", [ir_type], ir.FunctionType(
+          ir_type, [ir_type] * 3))
+      return builder.call(fn, args)
+    return sig, codegen
+  return fma
+
+
+fma = _fma_intrinsic(types.float64, ir.DoubleType())
+fma32 = _fma_intrinsic(types.float32, ir.FloatType())
+
+
+def splat(value, ty):
+  """A constant vector of type ``ty`` with ``value`` in every lane."""
+  return ir.Constant(ty, [value] * ty.count)
+
+
+def broadcast(builder, scalar, ty):
+  """A vector of type ``ty`` with the SSA scalar in every lane."""
+  undef = ir.Constant(ty, ir.Undefined)
+  lane0 = builder.insert_element(undef, scalar, ir.Constant(ir.IntType(32), 0))
+  return builder.shuffle_vector(lane0, undef, splat(0, ir.VectorType(ir.IntType(32), ty.count)))
+
+
+@intrinsic
+def store_fence(typingctx):
+  """sfence: streaming stores before it are globally visible before any store after it. One
+  per kernel call, never per run: a fence drains the write-combining buffers."""
+  sig = types.void()
+
+  def codegen(context, builder, signature, args):
+    fence = builder.module.declare_intrinsic("llvm.x86.sse.sfence", [], ir.FunctionType(
+        ir.VoidType(), []))
+    builder.call(fence, [])
+    return context.get_dummy_value()
+  return sig, codegen
+
+
+@intrinsic
+def claim_next(typingctx, counter):
+  """An atomic fetch-and-add of 1 on ``counter[0]`` (an int64 array): the value before it.
+  Threads claiming work from one counter each get a different number."""
+  sig = types.int64(counter)
+
+  def codegen(context, builder, signature, args):
+    array = context.make_array(signature.args[0])(context, builder, args[0])
+    return builder.atomic_rmw("add", array.data, ir.Constant(ir.IntType(64), 1), "seq_cst")
+  return sig, codegen
