@@ -163,6 +163,33 @@ BUILTIN: tuple[Entry, ...] = (
              "declearn", "numpy", "declearn L2GlobalClipping on a NumpyVector"),
     _adapter("declearn.L2GlobalClipping.torch", "declearn_adapter:l2_global_clipping_torch",
              "declearn", "torch", "declearn L2GlobalClipping on a TorchVector"),
+    _adapter("keras.SGD.global_clipnorm.tensorflow", "keras_adapter:global_clipnorm_tensorflow",
+             "keras", "tensorflow", "keras SGD(global_clipnorm=c).apply_gradients, tensorflow backend"),
+    _adapter("keras.SGD.global_clipnorm.jax", "keras_adapter:global_clipnorm_jax", "keras", "jax",
+             "keras SGD(global_clipnorm=c).apply_gradients, jax backend (KERAS_BACKEND=jax)"),
+    _adapter("keras.SGD.global_clipnorm.torch", "keras_adapter:global_clipnorm_torch", "keras",
+             "torch", "keras SGD(global_clipnorm=c).apply_gradients, torch backend "
+             "(KERAS_BACKEND=torch)"),
+    _adapter("mlx.clip_grad_norm", "mlx_adapter:clip_grad_norm", "mlx", "numpy",
+             "mlx.optimizers.clip_grad_norm on MLX's CPU device"),
+    # One Python call per system: the per-example step itself, not timed on batches.
+    _adapter("optax.per_example_global_norm_clip",
+             "optax_per_example_adapter:per_example_global_norm_clip", "optax", "jax",
+             "optax.per_example_global_norm_clip per system, a batch of one example",
+             families=frozenset()),
+    # Atomistic optimizers' step caps: ASE takes one system (Atoms) per call, float64 only.
+    _adapter("ase.BFGS.maxstep", "ase_adapter:bfgs_max_step", "ase", "numpy",
+             "ase.optimize.BFGS(atoms, maxstep).determine_step on one Atoms (float64)",
+             families=frozenset()),
+    _adapter("ase.LBFGS.maxstep", "ase_adapter:lbfgs_max_step", "ase", "numpy",
+             "ase.optimize.LBFGS(atoms, maxstep).determine_step on one Atoms (float64)",
+             families=frozenset()),
+    _adapter("ase.FIRE.maxstep", "ase_adapter:fire_max_step", "ase", "numpy",
+             "ase.optimize.FIRE(atoms, dt=1, maxstep).step(): whole-step L2 cap, one Atoms",
+             families=frozenset()),
+    _adapter("torch_sim.fire_step.ase_fire", "torch_sim_adapter:ase_fire", "torch-sim-atomistic",
+             "torch", "torch_sim fire_step(fire_flavor='ase_fire') per system on a SimState",
+             families=frozenset({"per_system"})),
     # Plain code a user would write first: the speed bar of issue 4 on W2/W3, timed on those
     # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
