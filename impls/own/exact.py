@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,17 +79,32 @@ def _interval_compare(m: np.ndarray, e: np.ndarray, p: float, c: Fraction) -> in
     return -1 if c > 0 else 0
   if c == 0:
     return 1
+
+  def power_sum_at(prec: int):
+    ctx = mpmath.iv
+    pp = ctx.mpf(p)
+    total = ctx.mpf(0)
+    for mm, ee in pairs:
+      total += ctx.ldexp(ctx.mpf(mm), ee) ** pp
+    return total
+
+  return enclosure_sign(power_sum_at, p, c)
+
+
+def enclosure_sign(power_sum_at: Callable[[int], Any], p: float, c: Fraction) -> int:
+  """Sign of S - c**p from mpmath interval enclosures of a power sum S at rising precisions.
+
+  ``power_sum_at(prec)`` returns S as an ``mpmath.iv`` interval, evaluated while the interval
+  context works at ``prec`` bits (96 up to 16k); 0 when even 16k bits cannot tell (a tie).
+  """
+  import mpmath  # pylint: disable=import-outside-toplevel
+  ctx = mpmath.iv
   prec = 96
   while prec <= 1 << 14:
-    ctx = mpmath.iv
     saved = ctx.prec
     ctx.prec = prec
     try:
-      pp = ctx.mpf(p)
-      total = ctx.mpf(0)
-      for mm, ee in pairs:
-        total += ctx.ldexp(ctx.mpf(mm), ee) ** pp
-      diff = total - (ctx.mpf(c.numerator) / ctx.mpf(c.denominator)) ** pp
+      diff = power_sum_at(prec) - (ctx.mpf(c.numerator) / ctx.mpf(c.denominator)) ** ctx.mpf(p)
     finally:
       ctx.prec = saved
     if diff.b < 0:
