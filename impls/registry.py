@@ -124,12 +124,12 @@ BUILTIN: tuple[Entry, ...] = (
          "jit-compiled JAX/XLA", devices=_CPU, slow=_SLOW_OWN_JAX),
     _own("clipbench.numba", "clipbench.impls.own.numba:implementation", "numba",
          "numpy", "compiled CPU kernel, parallel over systems", devices=_CPU),
-    _own("clipbench.torch", "clipbench.impls.own.torch_kernels:eager", "torch", "torch",
+    _own("clipbench.torch", "clipbench.impls.own.torch:eager", "torch", "torch",
          "torch eager"),
-    _own("clipbench.torch-compile", "clipbench.impls.own.torch_kernels:compiled", "torch",
+    _own("clipbench.torch-compile", "clipbench.impls.own.torch:compiled", "torch",
          "torch", "torch.compile (inductor)"),
     # Timed on CUDA only: its CPU mode is Triton's interpreter, for tests.
-    _own("clipbench.triton", "clipbench.impls.own.triton_kernels:implementation", "triton",
+    _own("clipbench.triton", "clipbench.impls.own.triton:implementation", "triton",
          "torch", "Triton kernels on torch tensors (CUDA; TRITON_INTERPRET=1 on CPU)",
          devices=("cuda",)),
     # Thin adapters over the libraries' public APIs.

@@ -1,0 +1,89 @@
+"""The canonical API over torch tensors: checks, layout, passes, decisions, outputs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from clipbench.impls.own.torch.arguments import (check_leaves, check_nonfinite, check_norm_type,
+                                                 check_segments, check_threshold)
+from clipbench.impls.own.torch.decisions import decide
+from clipbench.impls.own.torch.eager_passes import EagerKernels
+from clipbench.impls.own.torch.layout import make_batch, sanitize
+from clipbench.impls.own.torch.measure import measure
+from clipbench.protocol import ANY_NORM_TYPE, NONFINITE_MODES, Capabilities
+
+
+class _Call(NamedTuple):
+  """One call's arguments past the leaves, as the caller gave them (unchecked)."""
+
+  op: str
+  threshold: Any
+  threshold_name: str  # "max_norm" or "max_step": the name error messages use
+  segments: Any
+  num_systems: Any
+  norm_type: Any
+  nonfinite: Any
+
+
+class TorchClipping:
+  """The canonical API over torch tensors (eager, compiled or Triton passes)."""
+
+  framework = "torch"
+
+  def __init__(self, kernels: EagerKernels, description: str,
+               transforms: tuple[str, ...] = (), certified: bool = True,
+               devices: tuple[str, ...] | None = None):
+    self.kernels = kernels
+    self.description = description
+    self.certified = certified
+    if devices is None:
+      devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    self.capabilities = Capabilities(
+        per_system=True, per_system_max=True, norm_types=ANY_NORM_TYPE,
+        nonfinite=NONFINITE_MODES, transforms=transforms, devices=devices)
+    self.version = torch.__version__
+
+  def clip_by_global_norm(self, leaves, max_norm, *, segments=None, num_systems=None,
+                          norm_type=2.0, nonfinite="propagate"):
+    """Scales each system so that its p-norm is at most ``max_norm``; returns (leaves, norms)."""
+    return self._run(leaves, _Call("clip_by_global_norm", max_norm, "max_norm", segments,
+                                   num_systems, norm_type, nonfinite))
+
+  def clip_by_max_step(self, leaves, max_step, *, segments=None, num_systems=None,
+                       nonfinite="propagate"):
+    """Scales each system so that its largest step vector norm is at most ``max_step``."""
+    return self._run(leaves, _Call("clip_by_max_step", max_step, "max_step", segments,
+                                   num_systems, 2.0, nonfinite))
+
+  def clip_grad_norm(self, leaves, max_norm, *, norm_type=2.0, nonfinite="propagate"):
+    """Global p-norm clipping of all leaves together; returns (leaves, 0-d total norm)."""
+    out, norms = self._run(leaves, _Call("clip_grad_norm", max_norm, "max_norm", None, None,
+                                         norm_type, nonfinite))
+    return out, norms.reshape(())
+
+  def _run(self, leaves: Any, call: _Call) -> tuple[list[torch.Tensor], torch.Tensor]:
+    op = call.op
+    leaves = check_leaves(leaves)
+    segs, K = check_segments(leaves, call.segments, call.num_systems)
+    c = check_threshold(call.threshold, call.threshold_name,
+                        None if op == "clip_grad_norm" else K)
+    p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
+    nonfinite = check_nonfinite(call.nonfinite)
+    batch = make_batch(leaves, segs, K)
+    if nonfinite == "zero":
+      batch = sanitize(batch)
+    kind = ("step" if op == "clip_by_max_step" else "max" if p == math.inf else
+            "min" if p == -math.inf else "sum")
+    with torch.no_grad():
+      approx = measure(self.kernels, batch, kind, p)
+      plan = decide(batch, approx, c, kind, p, self.certified)
+      out = self.kernels.apply(batch, plan)
+    dtype = torch.float64 if batch.norm64 else torch.float32
+    norms = torch.tensor(plan.norms, dtype=torch.float64).to(dtype).to(batch.device)
+    return out, norms
+
+
+eager = TorchClipping(EagerKernels(), "torch eager: certified float64 sums, exact near-ties")

@@ -1,0 +1,224 @@
+"""Exact norm oracles: ``compare(t) = sign(norm - t)`` from a system's exact elements.
+
+A system whose certified interval cannot decide it (a near-tie) is recomputed here alone,
+exactly: int64 limb sums of ``m**2`` (or ``m``) per (system, exponent) bucket for p = 1, 2 and
+the step norm (``exact_power_sums``: order-independent, so on any device and in any order the
+same), exact integer power sums (:func:`clipbench.impls.own.exact.power_sum`) for other
+integer p, mpmath interval enclosures for non-integer p.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from clipbench.impls.own.exact import enclosure_sign, magnitudes_of, power_sum
+from clipbench.impls.own.torch.formats import fraction_root, sign
+from clipbench.impls.own.torch.layout import Batch, gather
+from clipbench.impls.own.torch.measure import Approx, pow2_pair, scale_exponents
+
+
+class SumOracle:
+  """The exact norm from an exact power sum S (p = 1 or 2): compare(t) = sign(S - t**p)."""
+
+  def __init__(self, total: Fraction, p: int):
+    self.power_sum, self.p = total, p
+
+  def compare(self, t: Fraction) -> int:
+    return sign(self.power_sum - t ** self.p)
+
+  def approx(self) -> Fraction:
+    return fraction_root(self.power_sum, self.p)
+
+
+class ValueOracle:
+  """An exactly known norm (p = +-inf)."""
+
+  def __init__(self, value: float):
+    self.value = Fraction(value)
+
+  def compare(self, t: Fraction) -> int:
+    return sign(self.value - t)
+
+  def approx(self) -> Fraction:
+    return self.value
+
+
+class PowerOracle:
+  """General p: exact integer power sums for integer p, else mpmath interval enclosures.
+
+  ``exact.exact_compare`` would recompute the whole sum at every comparison; the searches of
+  :mod:`clipbench.impls.own.torch.formats` make dozens per system, so the exact sum (or the
+  enclosure, per precision, for ``exact.enclosure_sign``) is computed once here and kept.
+  """
+
+  def __init__(self, magnitudes: np.ndarray, p: float):
+    self.mags = [v for v in np.abs(magnitudes.astype(np.float64)).ravel().tolist() if v]
+    self.p = p
+    self._power_sum = None
+    if p.is_integer() and p <= 64 and len(self.mags) <= 200_000:
+      m, e = magnitudes_of(np.array(self.mags, dtype=np.float64))
+      self._power_sum = power_sum(m, e, int(p))
+    self._cache = {}
+
+  def compare(self, t: Fraction) -> int:
+    if not self.mags:
+      return sign(-t)
+    if self._power_sum is not None:
+      return sign(self._power_sum - t ** int(self.p))
+    return enclosure_sign(self._enclosure, self.p, t)
+
+  def _enclosure(self, prec: int):
+    """The power sum as an mpmath interval at ``prec`` bits (the context is set to it)."""
+    if prec not in self._cache:
+      import mpmath  # pylint: disable=import-outside-toplevel
+      ctx = mpmath.iv
+      total = ctx.mpf(0)
+      pp = ctx.mpf(self.p)
+      for v in self.mags:
+        total += ctx.mpf(v) ** pp
+      self._cache[prec] = total
+    return self._cache[prec]
+
+  def approx(self) -> Fraction:
+    if not self.mags:
+      return Fraction(0)
+    m = max(self.mags)
+    total = math.fsum((v / m) ** self.p for v in self.mags)
+    return Fraction(m) * Fraction(total ** (1.0 / self.p))
+
+
+def exact_power_sums(values: torch.Tensor, group: torch.Tensor, num_groups: int,
+                     p: int) -> list[Fraction]:
+  """Exact sum of ``|values|**p`` (p = 1 or 2) per group, as Python rationals.
+
+  Every float64 magnitude is ``M * 2**E`` with a 53-bit integer M; M (p = 1) or M**2 (p = 2,
+  from three 18-bit limbs) is cut into int64 limb products below 2**38, accumulated per
+  (group, E) with ``index_add_`` in int64, which is exact and order-independent, and the few
+  buckets are combined with Python integers.
+  """
+  out = [Fraction(0)] * num_groups
+  if values.numel() == 0:
+    return out
+  values = values.detach().to(torch.float64).abs()
+  chunk = 1 << 24  # keeps every int64 bucket sum below 2**63
+  totals: dict[int, int] = {}
+  base = None
+  for start in range(0, values.numel(), chunk):
+    v, g = values[start:start + chunk], group[start:start + chunk]
+    mant, expo = torch.frexp(v)
+    m = torch.ldexp(mant, torch.tensor(53, dtype=torch.int32, device=v.device)).to(torch.int64)
+    e = expo.to(torch.int64) - 53
+    if p == 1:
+      limbs = torch.stack([m >> 26, m & ((1 << 26) - 1)], dim=1)
+      shifts = (26, 0)
+    else:
+      a, b, c = m >> 36, (m >> 18) & ((1 << 18) - 1), m & ((1 << 18) - 1)
+      limbs = torch.stack([a * a, 2 * a * b, 2 * a * c + b * b, 2 * b * c, c * c], dim=1)
+      shifts = (72, 54, 36, 18, 0)
+      e = 2 * e
+    e_min = int(e.min())
+    span = int(e.max()) - e_min + 1
+    key = g.to(torch.int64) * span + (e - e_min)
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    sums = torch.zeros(uniq.numel(), limbs.shape[1], dtype=torch.int64, device=v.device)
+    sums.index_add_(0, inverse, limbs)
+    for k, row in zip(uniq.tolist(), sums.tolist()):
+      gi, ei = divmod(k, span)
+      ei += e_min
+      value = sum(r << s for r, s in zip(row, shifts))
+      if value:
+        if base is None or ei < base:
+          if base is not None:
+            for key_g in totals:
+              totals[key_g] <<= base - ei
+          base = ei
+        totals[gi] = totals.get(gi, 0) + (value << (ei - base))
+  for gi, total in totals.items():
+    out[gi] = Fraction(total) * Fraction(2) ** base
+  return out
+
+
+def gather_values(batch: Batch, systems: Sequence[int],
+                  vectors: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+  """Per leaf: the elements (or step vectors) of ``systems`` and their index in ``systems``."""
+  K = batch.num_systems
+  lookup = torch.full((K,), -1, dtype=torch.int64, device=batch.device)
+  lookup[torch.as_tensor(list(systems), dtype=torch.int64, device=batch.device)] = torch.arange(
+      len(systems), device=batch.device)
+  out = []
+  for leaf in batch.leaves:
+    if leaf.numel == 0 or (vectors and leaf.vec == 0):
+      continue
+    m = leaf.matrix()
+    g = torch.zeros(leaf.rows, dtype=torch.int64, device=m.device) if leaf.seg is None else \
+        gather(lookup, leaf.seg)
+    rows = torch.nonzero(g >= 0).squeeze(1)
+    if rows.numel() == 0:
+      continue
+    vals = m[rows].to(torch.float64)
+    per = leaf.vec if vectors else 1
+    vals = vals.reshape(-1, per) if vectors else vals.reshape(-1)
+    count = leaf.width // per
+    out.append((vals, g[rows].repeat_interleave(count)))
+  return out
+
+
+def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int],
+                  approx: Approx) -> dict[int, Any]:
+  """Exact norm oracles for the given systems (their exact elements, no rounding)."""
+  if not systems:
+    return {}
+  if kind in ("max", "min"):
+    return {k: ValueOracle(float(approx.mid[k])) for k in systems}
+  if kind == "step":
+    return _step_oracles(batch, systems)
+  parts = gather_values(batch, systems)
+  if p in (1.0, 2.0):
+    if parts:
+      values = torch.cat([v for v, _ in parts])
+      group = torch.cat([g for _, g in parts])
+      sums = exact_power_sums(values, group, len(systems), int(p))
+    else:
+      sums = [Fraction(0)] * len(systems)
+    return {k: SumOracle(sums[i], int(p)) for i, k in enumerate(systems)}
+  values = np.concatenate([v.cpu().numpy() for v, _ in parts]) if parts else np.zeros(0)
+  group = np.concatenate([g.cpu().numpy() for _, g in parts]) if parts else np.zeros(0, int)
+  return {k: PowerOracle(values[group == i], p) for i, k in enumerate(systems)}
+
+
+def _step_oracles(batch: Batch, systems: list[int]) -> dict[int, Any]:
+  parts = gather_values(batch, systems, vectors=True)
+  best = {k: Fraction(0) for k in systems}
+  if parts:
+    # Candidates: vectors whose float64 sum of squares is close to their system's largest.
+    vals = [v for v, _ in parts]
+    groups = [g for _, g in parts]
+    big = torch.zeros(len(systems), dtype=torch.float64, device=batch.device)
+    for v, g in zip(vals, groups):
+      big.scatter_reduce_(0, g, v.abs().amax(1), "amax")
+    a, b = (torch.as_tensor(t, device=batch.device)
+            for t in pow2_pair(scale_exponents(big.cpu().numpy())))
+    approx = [((v * a[g].unsqueeze(1) * b[g].unsqueeze(1)) ** 2).sum(1)
+              for v, g in zip(vals, groups)]
+    top = torch.zeros(len(systems), dtype=torch.float64, device=batch.device)
+    for a, g in zip(approx, groups):
+      top.scatter_reduce_(0, g, a, "amax")
+    flat_vals, flat_ids, cand_group, offset = [], [], [], 0
+    for v, g, a in zip(vals, groups, approx):
+      keep = a >= top[g] * (1 - 2.0 ** -30)
+      cv = v[keep]
+      ids = torch.arange(offset, offset + cv.shape[0], device=cv.device)
+      flat_vals.append(cv.reshape(-1))
+      flat_ids.append(ids.repeat_interleave(cv.shape[1]))
+      cand_group.append(g[keep])
+      offset += cv.shape[0]
+    sums = exact_power_sums(torch.cat(flat_vals), torch.cat(flat_ids), offset, 2)
+    for gi, total in zip(torch.cat(cand_group).tolist(), sums):
+      k = systems[gi]
+      best[k] = max(best[k], total)
+  return {k: SumOracle(best[k], 2) for k in systems}
