@@ -97,6 +97,9 @@ _SLOW_OWN_JAX = tuple(
                               "W4-many-small"))
 _SLOW_KUPS_W4 = (("W4-many-small", "its eager call takes 17 s on W4's 10,000 leaves (jitted, "
                   "XLA does not compile them within 8 minutes)"),)
+_SLOW_PER_EXAMPLE = tuple(
+    (w, "the adapter makes one call per system (a batch of one example each), 2,000 on W2 and "
+     "20,000 on W3") for w in ("W2-relax", "W3-relax-large"))
 _SLOW_BRAINSTATE_W4 = (("W4-many-small", "its first call compiles for 16 s on W4's 10,000 "
                         "leaves"),)
 
@@ -172,11 +175,16 @@ BUILTIN: tuple[Entry, ...] = (
              "(KERAS_BACKEND=torch)"),
     _adapter("mlx.clip_grad_norm", "mlx_adapter:clip_grad_norm", "mlx", "numpy",
              "mlx.optimizers.clip_grad_norm on MLX's CPU device"),
-    # One Python call per system: the per-example step itself, not timed on batches.
+    _adapter("deepspeed.clip_grad_norm_", "deepspeed_adapter:clip_grad_norm_", "deepspeed",
+             "torch", "deepspeed.runtime.utils.clip_grad_norm_ on .grad, one gloo process",
+             families=_GLOBAL_AND_P),
+    _adapter("deepspeed.clip_tensors_by_global_norm",
+             "deepspeed_adapter:clip_tensors_by_global_norm", "deepspeed", "torch",
+             "deepspeed.runtime.utils.clip_tensors_by_global_norm (L2, in place)"),
     _adapter("optax.per_example_global_norm_clip",
              "optax_per_example_adapter:per_example_global_norm_clip", "optax", "jax",
              "optax.per_example_global_norm_clip per system, a batch of one example",
-             families=frozenset()),
+             families=frozenset({"global", "per_system"}), slow=_SLOW_PER_EXAMPLE),
     # Atomistic optimizers' step caps: ASE takes one system (Atoms) per call, float64 only.
     _adapter("ase.BFGS.maxstep", "ase_adapter:bfgs_max_step", "ase", "numpy",
              "ase.optimize.BFGS(atoms, maxstep).determine_step on one Atoms (float64)",
@@ -185,11 +193,10 @@ BUILTIN: tuple[Entry, ...] = (
              "ase.optimize.LBFGS(atoms, maxstep).determine_step on one Atoms (float64)",
              families=frozenset()),
     _adapter("ase.FIRE.maxstep", "ase_adapter:fire_max_step", "ase", "numpy",
-             "ase.optimize.FIRE(atoms, dt=1, maxstep).step(): whole-step L2 cap, one Atoms",
-             families=frozenset()),
+             "ase.optimize.FIRE(atoms, dt=1, maxstep).step(): whole-step L2 cap, one Atoms"),
     _adapter("torch_sim.fire_step.ase_fire", "torch_sim_adapter:ase_fire", "torch-sim-atomistic",
              "torch", "torch_sim fire_step(fire_flavor='ase_fire') per system on a SimState",
-             families=frozenset({"per_system"})),
+             families=frozenset({"global", "per_system"})),
     # Plain code a user would write first: the speed bar of issue 4 on W2/W3, timed on those
     # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
