@@ -13,6 +13,6 @@ Data flows one way, from recorded results to documents; nothing here measures an
 * ``build``: assembles the report and writes ``<out>/<stamp>/`` and ``<out>/latest/``;
 * ``clipbench.files``: atomic writes of files and folders.
 
-``clipbench report`` (``clipbench/cli.py``) runs the suite and the benchmarks, then calls
+``clipbench report`` (``clipbench/report_command.py``) runs the suite and the benchmarks, then calls
 ``build``.
 """

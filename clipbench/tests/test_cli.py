@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from clipbench import cli, files
+from clipbench import child_run, cli, conform_command, files, loading, outputs, terminal
 from clipbench.impls import registry
 
 REPORT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -63,7 +63,7 @@ def outside(tmp_path, monkeypatch):
 
 
 class FakePytest:
-  """Stands in for ``cli.run_pytest``: records the command and its environment, writes the
+  """Stands in for ``child_run.run_pytest``: records the command and its environment, writes the
   outputs the real run would, returns the given exit status."""
 
   def __init__(self, rc: int = 0, write=None):
@@ -73,7 +73,7 @@ class FakePytest:
 
   def __call__(self, cmd, label, log_path, *, progress=None, env_defaults=None,
                shown_paths=None):
-    self.calls.append((list(cmd), cli._child_env(env_defaults)))  # pylint: disable=protected-access
+    self.calls.append((list(cmd), child_run.child_env(env_defaults)))
     if self.write is not None:
       self.write(cmd)
     return self.rc
@@ -100,7 +100,7 @@ def write_benchmarks(cmd):
 def fake_run(monkeypatch):
   def install(rc=0, write=None) -> FakePytest:
     fake = FakePytest(rc, write)
-    monkeypatch.setattr(cli, "run_pytest", fake)
+    monkeypatch.setattr(child_run, "run_pytest", fake)
     return fake
   return install
 
@@ -140,7 +140,7 @@ def test_outside_module_found_from_working_directory_without_sys_path(outside, m
   # The console script's sys.path lacks the working directory; clipbench adds it.
   monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(outside))])
   sys.modules.pop("tmpmod", None)
-  (impl,) = cli.load_requested(["tmpmod:impl"], require_available=True)
+  (impl,) = loading.load_requested(["tmpmod:impl"], require_available=True)
   assert impl.kind == "outside"
 
 
@@ -210,7 +210,7 @@ def test_conform_outside_module_command_and_results(outside, fake_run, capsys):
   assert rc == 0
   (cmd, env), = fake.calls
   assert cmd[:3] == [sys.executable, "-m", "pytest"]
-  assert cmd[3] == cli.conformance_dir() and os.path.isdir(cmd[3])
+  assert cmd[3] == conform_command.conformance_dir() and os.path.isdir(cmd[3])
   assert _option(cmd, "--impl") == "tmpmod:impl"
   assert _option(cmd, "--ops") == "clip_grad_norm"
   assert _option(cmd, "--profile") == "ci"
@@ -321,6 +321,86 @@ def test_failed_bench_keeps_old_results(tmp_path, fake_run, capsys, rc, write):
   assert os.listdir(tmp_path) == ["benchmarks.json"]
 
 
+
+def _bench_table_rows(printed: str) -> dict[tuple[str, str, str], str]:
+  """Each row of the printed bench tables by (workload, dtype, implementation): its line."""
+  import re
+  rows, title, in_body = {}, None, False
+  for line in printed.splitlines():
+    heading = re.fullmatch(r"\s*(W[\w-]+), (\w+)\s*", line)
+    if heading:
+      title, in_body = heading.groups(), False
+    elif line.strip().startswith("─"):  # the rule under a table's header
+      in_body = True
+    elif not line.strip():
+      in_body = False
+    elif in_body and not line.startswith(" " * 8):  # not a wrapped verdict's second line
+      rows[(*title, line.split()[0])] = line
+  return rows
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["after-conform", "never-conformed"])
+def test_bench_table_shows_spread_roofline_and_the_last_conform_verdict(
+    tmp_path, monkeypatch, fake_run, capsys, checked):
+  from clipbench.reports import results, tables
+  from clipbench.reports.build import fmt_number, fmt_seconds
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("COLUMNS", "200")  # every column shown, no verdict wrapped
+  conformance = os.path.join(REPORT_DATA, "conformance.csv")
+  if checked:  # what `clipbench conform` leaves in the working directory
+    os.mkdir(tmp_path / "results")
+    shutil.copy(conformance, tmp_path / "results" / "conformance.csv")
+  fake_run(rc=0, write=write_benchmarks)
+  assert cli.main(["bench", "--impl", "reference", "--json", str(tmp_path / "b.json")]) == 0
+  printed = capsys.readouterr().out
+  rows = _bench_table_rows(printed)
+  table = results.read_conformance(conformance)
+  with open(os.path.join(REPORT_DATA, "benchmarks.json"), encoding="utf-8") as f:
+    recorded = json.load(f)["benchmarks"]
+  assert len(rows) == len(recorded)
+  for bench in recorded:
+    info, stats = bench["extra_info"], bench["stats"]
+    row = rows[(info["workload"], info["dtype"], info["impl"])]
+    mine = table[table["impl"] == info["impl"]]
+    verdict = (tables.verdict(mine["outcome"], mine["severity"])[0]
+               if checked and len(mine) else "not checked")
+    expected = [fmt_seconds(stats["median"]), fmt_seconds(stats["iqr"]), str(stats["rounds"]),
+                fmt_number(stats["median"] / info["roofline_seconds"]), verdict]
+    assert all(text in row for text in expected), (row, expected)
+  assert "clipbench.numba" not in set(table["impl"])  # timed, never checked:
+  assert all(row.rstrip().endswith("not checked") for key, row in rows.items()
+             if key[2] == "clipbench.numba")
+  # Which way is better, in the header of every table.
+  tables_printed = len({key[:2] for key in rows})
+  assert printed.count("lower") >= 2 * tables_printed and printed.count("higher") >= tables_printed
+
+
+def test_bench_table_fits_an_80_column_terminal_with_names_and_verdicts_whole(
+    tmp_path, monkeypatch, fake_run, capsys):
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("COLUMNS", "80")
+  os.mkdir(tmp_path / "results")
+  shutil.copy(os.path.join(REPORT_DATA, "conformance.csv"), tmp_path / "results")
+  fake_run(rc=0, write=write_benchmarks)
+  assert cli.main(["bench", "--impl", "reference", "--json", str(tmp_path / "b.json")]) == 0
+  printed = capsys.readouterr().out.split("\nresults: ")[0]  # the tables, not the file's path
+  assert max(len(line) for line in printed.splitlines()) <= 80
+  rows = _bench_table_rows(printed)
+  assert ("W1-model", "float32", "optax.clip_by_global_norm") in rows  # the name not cut
+  assert "GB/s" not in printed and "…" not in printed
+
+
+def test_bench_table_says_why_verdicts_are_missing_when_the_table_is_unreadable(tmp_path,
+                                                                                 capsys):
+  from clipbench import bench_table
+  broken = tmp_path / "conformance.csv"
+  broken.write_text("not,a,results,table\n")
+  assert bench_table.conformance_verdicts(str(broken)) == {}
+  assert bench_table.conformance_verdicts(str(tmp_path / "absent.csv")) == {}
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "conformance verdicts not shown" in err and str(broken) in err
+
+
 # --- report ----------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -333,7 +413,7 @@ def results_dir(tmp_path):
 
 
 def test_report_reuses_fresh_results(tmp_path, results_dir, fake_run, monkeypatch, capsys):
-  monkeypatch.setattr(cli, "load_all", lambda progress=None: [])
+  monkeypatch.setattr(loading, "load_all", lambda progress=None: [])
   fake = fake_run()
   out = tmp_path / "reports"
   assert cli.main(["report", "--reuse", "--results-dir", str(results_dir), "--out", str(out),
@@ -349,7 +429,7 @@ def test_report_reuses_fresh_results(tmp_path, results_dir, fake_run, monkeypatc
 
 
 def test_report_reruns_stale_results(tmp_path, results_dir, fake_run, monkeypatch):
-  monkeypatch.setattr(cli, "load_all", lambda progress=None: [])
+  monkeypatch.setattr(loading, "load_all", lambda progress=None: [])
   old = time.time() - 48 * 3600
   os.utime(results_dir / "conformance.csv", (old, old))
   fake = fake_run(rc=0, write=lambda cmd: (write_conformance(cmd) if "--results" in cmd
@@ -409,11 +489,11 @@ def test_progress_bar_run(tmp_path):
   (tmp_path / "test_tiny.py").write_text(
       "import pytest\n@pytest.mark.parametrize('i', range(3))\ndef test_a(i):\n  assert i < 2\n")
   log = tmp_path / "run.log"
-  rc = cli.run_pytest([sys.executable, "-m", "pytest", str(tmp_path / "test_tiny.py"), "-q",
+  rc = child_run.run_pytest([sys.executable, "-m", "pytest", str(tmp_path / "test_tiny.py"), "-q",
                        "-p", "no:cacheprovider"], "tiny", str(log), progress=True)
   assert rc == 1
   text = log.read_text()
-  assert "1 failed, 2 passed" in text and "-p clipbench.cli" in text
+  assert "1 failed, 2 passed" in text and "-p clipbench.progress_plugin" in text
 
 
 # --- nothing lost: Ctrl-C, temporary files, unwritable folders -------------------------------
@@ -491,7 +571,7 @@ def test_staged_output_removed_on_ctrl_c_with_what_the_child_left(tmp_path):
   final = tmp_path / "conformance.csv"
   final.write_text("old\n")
   with pytest.raises(KeyboardInterrupt):
-    with cli._staged(str(final)) as staged:  # pylint: disable=protected-access
+    with outputs.staged(str(final)) as staged:
       with open(staged, "w") as f:
         f.write("half")
       # What a child killed mid-write leaves: its own temporary file beside the staged one.
@@ -733,12 +813,12 @@ FAILED test_rule[x-op-rule3-a] - AssertionError: long failure text
 
 
 def test_summary_tail_keeps_the_short_summary_not_the_failure_text():
-  tail = cli._summary_tail(PYTEST_LOG)  # pylint: disable=protected-access
+  tail = child_run.summary_tail(PYTEST_LOG)
   assert "x clip_grad_norm a: leaves changed" in tail and "2 failed, 1 passed" in tail
   assert "fixture_source_line_one" not in tail and "some warning" not in tail
   assert "captured output line" not in tail
   assert "FAILED test_rule[x-op-rule3-a]" in tail
-  assert len(cli._summary_tail(PYTEST_LOG, limit=3).splitlines()) == 4  # pylint: disable=protected-access
+  assert len(child_run.summary_tail(PYTEST_LOG, limit=3).splitlines()) == 4
 
 
 BROKEN_OUTSIDE_MODULE = OUTSIDE_MODULE.replace(
@@ -753,7 +833,7 @@ def test_conform_terminal_output_is_short_and_names_the_final_results(tmp_path, 
   (tmp_path / "tmpmod.py").write_text(BROKEN_OUTSIDE_MODULE)
   monkeypatch.chdir(tmp_path)
   monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.setattr(cli, "_interactive", lambda: True)
+  monkeypatch.setattr(terminal, "interactive", lambda: True)
   try:
     rc = cli.main(["conform", "--impl", "tmpmod:impl", "--ops", "clip_grad_norm",
                    "--results", "res/conformance.csv", "--", "-k", "rule3"])

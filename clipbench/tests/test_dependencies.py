@@ -31,7 +31,10 @@ PACKAGES = {
     "reports": "clipbench.reports",
 }
 CLI = "clipbench.cli"
-REPORT_IMPORTERS = (CLI, "clipbench.tests.test_cli")
+# The clipbench command: cli.py and the modules of its subcommands.
+COMMAND_MODULES = (CLI, "clipbench.conform_command", "clipbench.bench_command",
+                   "clipbench.bench_table", "clipbench.report_command")
+REPORT_IMPORTERS = (*COMMAND_MODULES, "clipbench.tests.test_cli")
 
 
 def module_name(path: pathlib.Path) -> str:

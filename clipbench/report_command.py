@@ -1,0 +1,111 @@
+"""``clipbench report``: runs the suite and the benchmarks (or reuses fresh results), then
+writes ``OUT/<stamp>/`` and ``OUT/latest/`` (index.html, REPORT.md and the raw tables).
+
+A report never leaves out an implementation the user named: results without it stop the
+command before anything is written. The exit status is 0 once the report is written, even when
+an implementation fails conformance (the report shows which); ``clipbench conform`` is the gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import time
+from typing import Any, Sequence
+
+from clipbench import bench_command, conform_command, listing, loading, options, outputs
+from clipbench.errors import EXIT_FAILED, EXIT_OK, RunFailed, UsageError, note
+
+DEFAULT_REUSE_HOURS = 24.0
+
+
+def _age_hours(path: str) -> float:
+  return (time.time() - os.path.getmtime(path)) / 3600.0
+
+
+def _fresh(path: str, reuse_hours: float | None) -> bool:
+  return reuse_hours is not None and os.path.isfile(path) and _age_hours(path) <= reuse_hours
+
+
+def _file_fact(path: str, what: str) -> str:
+  stamp = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+  return f"`{path}` ({what}, written {stamp:%Y-%m-%d %H:%M UTC})"
+
+
+def _check_results_cover(requested: Sequence[Any], conformance: Any, path: str, *,
+                         reused: bool) -> None:
+  """A report never leaves out an implementation the user named: results without it stop the
+  report (a usage error when they were reused, saying what to run) before anything is written."""
+  missing = [i.name for i in requested if i.name not in set(conformance["impl"])]
+  if not missing:
+    return
+  names = ", ".join(missing)
+  if reused:
+    impl_args = " ".join(f"--impl {shlex.quote(name)}" for name in missing)
+    raise UsageError(f"--reuse: {path} has no conformance results for {names}; run "
+                     f"`clipbench report {impl_args}` without --reuse, or give --results-dir "
+                     f"a folder whose results include it")
+  raise RunFailed("conformance", EXIT_FAILED, f"it wrote no results for {names}")
+
+
+def report_command(args: argparse.Namespace) -> int:
+  """``clipbench report [--impl NAME]... [--reuse [HOURS]] [options]``."""
+  from clipbench.reports import build, results
+  if args.reuse is not None and not args.reuse >= 0:
+    raise UsageError(f"--reuse: expected a number of hours >= 0, got {args.reuse}")
+  suite = conform_command.suite_options(args)
+  scale = options.scale(args.scale, args.quick)
+  requested = loading.load_requested(args.impl, require_available=True)
+  conf_path = os.path.join(args.results_dir, outputs.CONFORMANCE_FILE)
+  bench_path = os.path.join(args.results_dir, outputs.BENCHMARK_FILE)
+  facts = [("Command", "`" + shlex.join(["clipbench", *args.argv]) + "`")]
+  reuse_conformance = _fresh(conf_path, args.reuse)
+  reuse_bench = _fresh(bench_path, args.reuse)
+  outputs.check_writable(args.out, "--out")
+  if not (reuse_conformance and reuse_bench):
+    outputs.check_writable(args.results_dir, "--results-dir")
+
+  if reuse_conformance:
+    print(f"reusing {conf_path} ({_age_hours(conf_path):.1f} h old)")
+  else:
+    rc = conform_command.run_conform(args.impl, suite, conf_path, [])
+    if rc not in (0, 1):
+      raise RunFailed("conformance", rc)
+  conformance = results.read_conformance(conf_path)
+  _check_results_cover(requested, conformance, conf_path, reused=reuse_conformance)
+  facts.append(("Conformance results", _file_fact(conf_path, f"{len(conformance)} cases")))
+
+  if reuse_bench:
+    print(f"reusing {bench_path} ({_age_hours(bench_path):.1f} h old)")
+  else:
+    rc = bench_command.run_bench(args.impl, [], scale, args.quick, bench_path, [],
+                                 conformance_path=conf_path)
+    if rc != 0:
+      raise RunFailed("benchmark", rc)
+  bench = results.read_benchmarks(bench_path)
+  facts.append(("Benchmark results", _file_fact(bench_path, f"{len(bench.frame)} benchmarks")))
+
+  history = results.read_asv_history(args.asv_results)
+  if not history.empty:
+    facts.append(("asv results", f"`{args.asv_results}` ({history['commit'].nunique()} commits)"))
+  listed = requested if args.impl else loading.load_all()
+  sources = build.Sources(conformance=conformance, conformance_path=conf_path, benchmarks=bench,
+                          asv_history=history, implementations=listing.listing_frame(listed),
+                          run_facts=tuple(facts))
+  if args.impl:
+    sources = build.only_impls(sources, [i.name for i in requested])
+    untimed = [i.name for i in requested if i.name not in set(bench.frame["impl"])]
+    if untimed:
+      note(f"no timings for {', '.join(untimed)} in {bench_path} (never timed, or skipped)")
+  now = datetime.datetime.now(datetime.timezone.utc)
+  report = build.build(sources, generated=now)
+  folder = build.write(report, args.out, now.strftime(build.STAMP_FORMAT))
+  latest = os.path.join(args.out, build.LATEST)
+  print(f"report: {os.path.join(folder, 'index.html')}")
+  print(f"        {os.path.join(latest, 'index.html')} and REPORT.md (latest)")
+  failing = int(sources.conformance["outcome"].isin(["fail", "error", "unexpected-pass"]).sum())
+  if failing:
+    note(f"{failing} conformance case(s) fail; see the report's matrix and catalogue")
+  return EXIT_OK
