@@ -100,6 +100,10 @@ _SLOW_KUPS_W4 = (("W4-many-small", "its eager call takes 17 s on W4's 10,000 lea
 _SLOW_PER_EXAMPLE = tuple(
     (w, "the adapter makes one call per system (a batch of one example each), 2,000 on W2 and "
      "20,000 on W3") for w in ("W2-relax", "W3-relax-large"))
+_SLOW_KERAS_W4 = (("W4-many-small", "each call builds an optimizer over 10,000 variables: about 9 s "
+                   "a call here"),)
+_SLOW_TORCH_SIM_W1 = (("W1-model", "one system of 5.3M atoms through a FIRE step: about 10 s a call "
+                       "here"),)
 _SLOW_BRAINSTATE_W4 = (("W4-many-small", "its first call compiles for 16 s on W4's 10,000 "
                         "leaves"),)
 
@@ -167,12 +171,14 @@ BUILTIN: tuple[Entry, ...] = (
     _adapter("declearn.L2GlobalClipping.torch", "declearn_adapter:l2_global_clipping_torch",
              "declearn", "torch", "declearn L2GlobalClipping on a TorchVector"),
     _adapter("keras.SGD.global_clipnorm.tensorflow", "keras_adapter:global_clipnorm_tensorflow",
-             "keras", "tensorflow", "keras SGD(global_clipnorm=c).apply_gradients, tensorflow backend"),
+             "keras", "tensorflow", "keras SGD(global_clipnorm=c).apply_gradients, tensorflow backend",
+             slow=_SLOW_KERAS_W4),
     _adapter("keras.SGD.global_clipnorm.jax", "keras_adapter:global_clipnorm_jax", "keras", "jax",
-             "keras SGD(global_clipnorm=c).apply_gradients, jax backend (KERAS_BACKEND=jax)"),
+             "keras SGD(global_clipnorm=c).apply_gradients, jax backend (KERAS_BACKEND=jax)",
+             slow=_SLOW_KERAS_W4),
     _adapter("keras.SGD.global_clipnorm.torch", "keras_adapter:global_clipnorm_torch", "keras",
              "torch", "keras SGD(global_clipnorm=c).apply_gradients, torch backend "
-             "(KERAS_BACKEND=torch)"),
+             "(KERAS_BACKEND=torch)", slow=_SLOW_KERAS_W4),
     _adapter("mlx.clip_grad_norm", "mlx_adapter:clip_grad_norm", "mlx", "numpy",
              "mlx.optimizers.clip_grad_norm on MLX's CPU device"),
     _adapter("deepspeed.clip_grad_norm_", "deepspeed_adapter:clip_grad_norm_", "deepspeed",
@@ -196,7 +202,7 @@ BUILTIN: tuple[Entry, ...] = (
              "ase.optimize.FIRE(atoms, dt=1, maxstep).step(): whole-step L2 cap, one Atoms"),
     _adapter("torch_sim.fire_step.ase_fire", "torch_sim_adapter:ase_fire", "torch-sim-atomistic",
              "torch", "torch_sim fire_step(fire_flavor='ase_fire') per system on a SimState",
-             families=frozenset({"global", "per_system"})),
+             families=frozenset({"global", "per_system"}), slow=_SLOW_TORCH_SIM_W1),
     # Plain code a user would write first: the speed bar of issue 4 on W2/W3, timed on those
     # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
