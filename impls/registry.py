@@ -127,7 +127,7 @@ BUILTIN: tuple[Entry, ...] = (
     Entry("reference", "clipbench.reference:implementation", "clipbench", "reference",
           "exact rational/mpmath reference; it is the spec", framework="numpy"),
     # Our own implementations (issue: fully conformant, batch-invariant, at the roofline).
-    _own("clipbench.jax", "clipbench.impls.own.jax_kernels:implementation", "jax", "jax",
+    _own("clipbench.jax", "clipbench.impls.own.jax:implementation", "jax", "jax",
          "jit-compiled JAX/XLA", devices=_CPU, slow=_SLOW_OWN_JAX),
     _own("clipbench.numba", "clipbench.impls.own.numba:implementation", "numba",
          "numpy", "compiled CPU kernel, parallel over systems", devices=_CPU),

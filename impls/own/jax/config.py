@@ -1,0 +1,27 @@
+"""What one call fixes: the static configuration (``jax.jit``'s static argument) and the
+threshold as exact frexp parts."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Config(NamedTuple):
+  """The static part of a call; hashable, so jax.jit caches one graph per configuration."""
+
+  op: str  # "norm" (p-norm) or "step" (max-step)
+  p: float
+  zero_mode: bool  # nonfinite="zero"
+  num_systems: int
+  sorted_flags: tuple  # per leaf: its segment ids are sorted
+  precise: bool  # some leaf is float64: the wide route
+  dtypes: tuple  # the leaves' numpy dtypes
+
+
+class Threshold(NamedTuple):
+  """Per-system threshold c = m * 2**e exactly (m in [0.5, 1) or 0; inf: c is +inf), so a
+  subnormal c survives an XLA CPU that flushes subnormals."""
+
+  m: Any
+  e: Any
+  inf: Any

@@ -1,0 +1,85 @@
+"""The jitted operation with its custom JVP (``jax.grad`` and ``jax.vmap`` go through it).
+
+The tangent is the identity where a system is kept, the derivative of ``x c / n(x)`` where it
+is clipped for finite p, the factor held fixed for p = +-inf and max-step, and zero for
+NaN-filled systems. Every coefficient is finite (made safe where unused), so reverse mode never
+meets ``0 * inf``, and the gradient is finite at a zero input.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from clipbench.impls.own import decision
+from clipbench.impls.own.jax.config import Config
+from clipbench.impls.own.jax.formats import pow2
+from clipbench.impls.own.jax.forward import forward
+from clipbench.impls.own.jax.systems import Systems, rows
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def clip(cfg: Config, leaves, segs, counts, threshold):
+  """(outputs, norms) of the operation ``cfg`` describes."""
+  result = forward(cfg, leaves, segs, counts, threshold)
+  return result.outs, result.norms
+
+
+def _relative_norm_change(cfg: Config, systems: Systems, leaves, t_leaves, clipped, k_sys):
+  """d n / n per system (0 where not clipped), finite p:
+  sum(|a|^(p-1) sign(a) t 2**-k) / sum(|a|^p) with a = x 2**-k."""
+  p = cfg.p
+  sums = jnp.zeros(cfg.num_systems)
+  coefs = []
+  for i, x in enumerate(leaves):
+    xr = rows(x).astype(jnp.float64)
+    n_rows = xr.shape[0]
+    clip_row = systems.per_row(clipped, i, n_rows)[:, None]
+    scale = systems.per_row(pow2(-k_sys), i, n_rows)[:, None]
+    a = jnp.where(clip_row & jnp.isfinite(xr), xr * scale, 0.0)
+    sums = sums + systems.row_reduce(jnp.sum(jnp.abs(a) ** p, axis=1), i, "sum")
+    coefs.append((jnp.abs(a) ** (p - 1.0)) * jnp.sign(a) * scale)
+  inv = jnp.where(clipped & (sums > 0), 1.0 / jnp.where(sums > 0, sums, 1.0), 0.0)
+  dots = jnp.zeros(cfg.num_systems)
+  for i, (t, coef) in enumerate(zip(t_leaves, coefs)):
+    dots = dots + systems.row_reduce(jnp.sum(coef * rows(t).astype(jnp.float64), axis=1), i,
+                                     "sum")
+  return dots * inv
+
+
+@clip.defjvp
+def _clip_jvp(cfg: Config, primals, tangents):
+  leaves, segs, counts, threshold = primals
+  t_leaves = tangents[0]
+  result = forward(cfg, leaves, segs, counts, threshold)
+  action, s_m, s_e = result.decided
+  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts)
+  clipped = action == decision.SCALE
+  s_val = jnp.where(clipped, s_m * pow2(s_e), 0.0)
+  exact_p = cfg.op != "step" and not math.isinf(cfg.p)
+  if exact_p:
+    k_sys = result.stats.sc_e - 1  # terms were scaled by 2**k (exact power of two)
+    rel = _relative_norm_change(cfg, systems, leaves, t_leaves, clipped, k_sys)
+  t_outs = []
+  for i, (x, t) in enumerate(zip(leaves, t_leaves)):
+    xr = rows(x)
+    tr = rows(t)
+    n_rows = xr.shape[0]
+    keep_row = systems.per_row(action == decision.KEEP, i, n_rows)[:, None]
+    s_row = systems.per_row(s_val, i, n_rows)[:, None]
+    scaled = tr.astype(jnp.float64) * s_row
+    if exact_p:
+      rel_row = systems.per_row(rel, i, n_rows)[:, None]
+      x_safe = jnp.where(jnp.isfinite(xr), xr.astype(jnp.float64), 0.0)
+      scaled = scaled - x_safe * (s_row * rel_row)
+    out = jnp.where(keep_row, tr, scaled.astype(t.dtype))
+    if cfg.zero_mode:
+      out = jnp.where(jnp.isfinite(xr), out, jnp.zeros_like(out))
+    t_outs.append(out.reshape(x.shape))
+  return (result.outs, result.norms), (tuple(t_outs), jnp.zeros_like(result.norms))
+
+
+clip_jit = jax.jit(clip, static_argnums=(0,))

@@ -1,0 +1,146 @@
+"""How rows map to systems, the 2-D views the reductions run on, and what a pass reports.
+
+A leaf is seen as (rows, elements per row); segment ids assign each row to a system (no ids:
+one system). Per-system reductions are segment reductions over per-row values, and per-system
+values reach the rows by a gather.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from clipbench.impls.own.jax.formats import FORMATS
+
+# Rows a leaf is cut into for a reduction without segments: XLA on CPU reduces many rows in
+# parallel but one long row serially.
+GROUP_ROWS = 1024
+
+
+class Systems(NamedTuple):
+  """How rows map to systems: segment ids per leaf (or None: one system)."""
+
+  segs: Any  # tuple of int32 ids per leaf, or None
+  num: int
+  sorted: tuple  # per leaf: its ids are sorted (a static hint to the segment reductions)
+  counts: Any = None  # elements per system, when known on the host
+
+  def row_reduce(self, v, leaf: int, op: str):
+    """Per-system reduction of per-row values v (rows, ...) of one leaf."""
+    if self.segs is None:
+      if op == "sum":
+        return jnp.sum(v, axis=0, keepdims=True)
+      return (jnp.max if op == "max" else jnp.min)(v, axis=0, keepdims=True)
+    fn = {"sum": jax.ops.segment_sum, "max": jax.ops.segment_max,
+          "min": jax.ops.segment_min}[op]
+    return fn(v, self.segs[leaf], num_segments=self.num,
+              indices_are_sorted=bool(self.sorted[leaf]))
+
+  def per_row(self, v, leaf: int, rows: int):
+    """Per-system values v (S, ...) broadcast to the rows of one leaf."""
+    if self.segs is None:
+      return jnp.broadcast_to(v[0], (rows,) + v.shape[1:])
+    return v[self.segs[leaf]]
+
+
+class SystemStats(NamedTuple):
+  """What a pass hands to ``decision.finalize`` per system (arrays of shape (S,))."""
+
+  s_hi: Any
+  s_lo: Any
+  sc_m: Any
+  sc_e: Any
+  rel_err: Any
+  zero: Any
+  nan: Any
+  inf: Any
+
+
+def rows(x):
+  """A leaf as (rows, elements per row) (a 0-d leaf is one row of one element)."""
+  if x.ndim == 0:
+    return x.reshape(1, 1)
+  return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+
+
+def vectors(x):
+  """A leaf as (rows, vectors per row, vector length): max-step's last-axis vectors."""
+  n_rows = x.shape[0] if x.ndim else 1
+  d = x.shape[-1] if x.ndim >= 2 else 1
+  return x.reshape(n_rows, math.prod(x.shape[1:-1]) if x.ndim >= 2 else 1, d)
+
+
+def counted_elements(leaves, systems: Systems):
+  """Elements per system, counted in the graph."""
+  count = jnp.zeros(systems.num, jnp.int64)
+  for i, x in enumerate(leaves):
+    n_rows, width = rows(x).shape
+    if n_rows == 0 or width == 0:
+      continue
+    if systems.segs is None:
+      count = count + n_rows * width
+    else:
+      count = count + jax.ops.segment_sum(jnp.full(n_rows, width, jnp.int64), systems.segs[i],
+                                          num_segments=systems.num,
+                                          indices_are_sorted=bool(systems.sorted[i]))
+  return count
+
+
+def element_counts(leaves, systems: Systems):
+  """Elements per system: the host's count when it has one, else counted in the graph."""
+  if systems.counts is not None:
+    return systems.counts.astype(jnp.int64)
+  return counted_elements(leaves, systems)
+
+
+def nonfinite_flags(nan, nonfinite, systems: Systems, leaf: int, axes):
+  """Per-system (has NaN, has inf) of one leaf from per-element flags reduced over axes."""
+  flags = (jnp.any(nan, axis=axes).astype(jnp.int32) * 2 +
+           jnp.any(nonfinite & ~nan, axis=axes).astype(jnp.int32))
+  fl = jnp.maximum(systems.row_reduce(flags, leaf, "max"), 0)
+  return fl >= 2, fl == 1
+
+
+def blocks(x, systems: Systems):
+  """2-D views of a leaf for reductions: its rows with segments; otherwise the flat leaf as up
+  to GROUP_ROWS rows plus a one-row tail. Slices fuse into their consumers: no copy."""
+  if systems.segs is not None:
+    return [rows(x)]
+  flat = x.reshape(-1)
+  n = flat.shape[0]
+  if n == 0:
+    return []
+  n_rows = min(GROUP_ROWS, n)
+  width = n // n_rows
+  main = n_rows * width
+  out = [flat[:main].reshape(n_rows, width)]
+  if main < n:
+    out.append(flat[main:].reshape(1, n - main))
+  return out
+
+
+def grouped(leaves, fmts, systems: Systems):
+  """With one system (segments=None), the leaves of each dtype as one zero-padded
+  (rows, width) block: one decode/extract chain per dtype keeps the XLA graph (and its compile
+  time) small for models with hundreds of leaves. Sums are exact and zeros add nothing, so no
+  bit changes."""
+  if systems.segs is not None:
+    return leaves, fmts
+  groups: dict[np.dtype, list] = {}
+  for x in leaves:
+    if x.size:
+      groups.setdefault(np.dtype(x.dtype), []).append(x.reshape(-1))
+  out = []
+  for parts in groups.values():
+    flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    n = flat.shape[0]
+    n_rows = min(GROUP_ROWS, n)
+    width = -(-n // n_rows)
+    if n_rows * width != n:
+      flat = jnp.concatenate([flat, jnp.zeros(n_rows * width - n, flat.dtype)])
+    out.append(flat.reshape(n_rows, width))
+  return out, [FORMATS[k] for k in groups]
