@@ -1,8 +1,9 @@
 """Deliberately broken implementations: the suite must catch each one by a named rule.
 
 Each is the reference with exactly one defect of a kind seen in real libraries, so that a
-catch is the suite noticing *that* defect and nothing else. ``CAUGHT_BY`` names the rules
-that must catch each one (``test_suite_catches_broken.py`` checks it).
+catch is the suite noticing *that* defect and nothing else. Each class states beside its
+defect the rule that must catch it (``caught_by``); ``CAUGHT_BY`` collects them by the name
+the suite loads each one as (``test_suite_catches_broken.py`` checks it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _CAPS = Capabilities(per_system=True, per_system_max=True, norm_types=ANY_NORM_T
 
 
 class _Broken:
+  caught_by: int  # the SPEC rule that must catch this defect
   framework = "numpy"
   capabilities = _CAPS
   description = "deliberately broken"
@@ -56,6 +58,8 @@ def _per_system(threshold, count):
 class EpsilonInNorm(_Broken):
   """Scales by max / (norm + 1e-6), as torch and brainstate do: ties are clipped."""
 
+  caught_by = 3
+
   def apply(self, op, leaves, threshold, **kw):
     norms = _norms(op, leaves, kw)
     c = _per_system(threshold, norms.size)
@@ -63,8 +67,13 @@ class EpsilonInNorm(_Broken):
     return getattr(reference, op)(leaves, effective, **kw)
 
 
+eps_in_norm = EpsilonInNorm()
+
+
 class Float16Accumulation(_Broken):
   """Sums squares in the leaf dtype: float16 [300, 400] overflows to an infinite norm."""
+
+  caught_by = 5
 
   def apply(self, op, leaves, threshold, **kw):
     if not any(x.dtype == np.float16 for x in leaves):
@@ -75,8 +84,13 @@ class Float16Accumulation(_Broken):
     return out, np.full_like(norms, norm)
 
 
+float16_accumulation = Float16Accumulation()
+
+
 class OffByOneSegment(_Broken):
   """Assigns the last row of each leaf to the next system (a classic off-by-one)."""
+
+  caught_by = 1
 
   def apply(self, op, leaves, threshold, **kw):
     segments, count = kw.get("segments"), kw.get("num_systems")
@@ -91,8 +105,13 @@ class OffByOneSegment(_Broken):
     return getattr(reference, op)(leaves, threshold, **kw)
 
 
+off_by_one_segment = OffByOneSegment()
+
+
 class OrderDependentReduction(_Broken):
   """Norms from float32 prefix sums over the whole batch: a system's bits depend on the rest."""
+
+  caught_by = 11
 
   def apply(self, op, leaves, threshold, **kw):
     norms = _norms(op, leaves, kw)
@@ -116,8 +135,13 @@ class OrderDependentReduction(_Broken):
     return out, drifted.astype(np.float32)
 
 
+order_dependent_reduction = OrderDependentReduction()
+
+
 class TieClipped(_Broken):
   """Clips when norm >= max: a system exactly at the threshold is changed."""
+
+  caught_by = 3
 
   def apply(self, op, leaves, threshold, **kw):
     t = np.asarray(threshold, np.float64)
@@ -127,8 +151,13 @@ class TieClipped(_Broken):
     return getattr(reference, op)(leaves, below, **kw)
 
 
+tie_clipped = TieClipped()
+
+
 class MutatesInput(_Broken):
   """Writes its result into the input leaves without declaring itself in-place."""
+
+  caught_by = 12
 
   def apply(self, op, leaves, threshold, **kw):
     out, norms = getattr(reference, op)(leaves, threshold, **kw)
@@ -137,16 +166,26 @@ class MutatesInput(_Broken):
     return out, norms
 
 
+mutates_input = MutatesInput()
+
+
 class WrongP(_Broken):
   """Ignores norm_type and always takes the L2 norm."""
+
+  caught_by = 10
 
   def apply(self, op, leaves, threshold, **kw):
     kw = {k: v for k, v in kw.items() if k != "norm_type"}
     return getattr(reference, op)(leaves, threshold, **kw)
 
 
+wrong_p = WrongP()
+
+
 class NonfiniteLeaks(_Broken):
   """A NaN or inf anywhere makes every system NaN (one norm for the whole batch)."""
+
+  caught_by = 7
 
   def apply(self, op, leaves, threshold, **kw):
     out, norms = getattr(reference, op)(leaves, threshold, **kw)
@@ -156,8 +195,13 @@ class NonfiniteLeaks(_Broken):
     return out, norms
 
 
+nonfinite_leaks = NonfiniteLeaks()
+
+
 class RoundToNearest(_Broken):
   """Exact norm, but x * (max/norm) rounded to nearest: overshoots the strict bound."""
+
+  caught_by = 4
 
   def apply(self, op, leaves, threshold, **kw):
     out, norms = getattr(reference, op)(leaves, threshold, **kw)
@@ -175,16 +219,26 @@ class RoundToNearest(_Broken):
     return result, norms
 
 
+round_to_nearest = RoundToNearest()
+
+
 class UpcastsFloat16(_Broken):
   """Returns float16 leaves as float32 (as kups and brainstate do for mixed trees)."""
+
+  caught_by = 9
 
   def apply(self, op, leaves, threshold, **kw):
     out, norms = getattr(reference, op)(leaves, threshold, **kw)
     return [y.astype(np.float32) if y.dtype == np.float16 else y for y in out], norms
 
 
+upcasts_float16 = UpcastsFloat16()
+
+
 class AcceptsNegativeMax(_Broken):
   """No validation of the threshold: a negative max flips the sign of the output."""
+
+  caught_by = 6
 
   def apply(self, op, leaves, threshold, **kw):
     t = np.asarray(threshold, np.float64)
@@ -193,8 +247,13 @@ class AcceptsNegativeMax(_Broken):
     return getattr(reference, op)(leaves, threshold, **kw)
 
 
+accepts_negative_max = AcceptsNegativeMax()
+
+
 class FlushesSubnormals(_Broken):
   """Multiplies by 1.0 on a flush-to-zero path: subnormal outputs become 0."""
+
+  caught_by = 3
 
   def apply(self, op, leaves, threshold, **kw):
     out, norms = getattr(reference, op)(leaves, threshold, **kw)
@@ -208,8 +267,13 @@ class FlushesSubnormals(_Broken):
     return flushed, norms
 
 
+flushes_subnormals = FlushesSubnormals()
+
+
 class RaisesForEmpty(_Broken):
   """reduce() over no leaves, as kups does: an empty tree raises TypeError."""
+
+  caught_by = 8
 
   def apply(self, op, leaves, threshold, **kw):
     if not leaves or all(x.size == 0 for x in leaves):
@@ -217,33 +281,9 @@ class RaisesForEmpty(_Broken):
     return getattr(reference, op)(leaves, threshold, **kw)
 
 
-eps_in_norm = EpsilonInNorm()
-float16_accumulation = Float16Accumulation()
-off_by_one_segment = OffByOneSegment()
-order_dependent_reduction = OrderDependentReduction()
-tie_clipped = TieClipped()
-mutates_input = MutatesInput()
-wrong_p = WrongP()
-nonfinite_leaks = NonfiniteLeaks()
-round_to_nearest = RoundToNearest()
-upcasts_float16 = UpcastsFloat16()
-accepts_negative_max = AcceptsNegativeMax()
-flushes_subnormals = FlushesSubnormals()
 raises_for_empty = RaisesForEmpty()
 
-# Which rule must catch each one.
-CAUGHT_BY = {
-    "eps_in_norm": 3,
-    "float16_accumulation": 5,
-    "off_by_one_segment": 1,
-    "order_dependent_reduction": 11,
-    "tie_clipped": 3,
-    "mutates_input": 12,
-    "wrong_p": 10,
-    "nonfinite_leaks": 7,
-    "round_to_nearest": 4,
-    "upcasts_float16": 9,
-    "accepts_negative_max": 6,
-    "flushes_subnormals": 3,
-    "raises_for_empty": 8,
-}
+
+# The rule that must catch each one, by the name the suite loads it as.
+CAUGHT_BY = {name: impl.caught_by for name, impl in list(globals().items())
+             if isinstance(impl, _Broken)}

@@ -1,16 +1,13 @@
 """Pieces shared by the adapters over JAX libraries (optax, kups, brainstate, jax_privacy).
 
-Nothing here touches a value: the adapters hand the leaves to the library exactly as given
-(numpy or JAX arrays, any dtype) and return what the library returns. The helpers only state
-what the adapters can express (dtypes JAX can hold in this process, the L2-only and
-single-mode restrictions of the libraries) and refuse, with ``NotImplementedError``, a request
-the wrapped library has no way to honour. Such a refusal is the adapter's, never a validation of
-the inputs on the library's behalf: values are never checked here.
+Nothing here touches a value: the helpers only state what the adapters can express (the dtypes
+JAX holds in this process, jit/vmap/grad). Refusing an option a library cannot express is every
+adapter's concern, in ``_common``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 
@@ -41,19 +38,3 @@ def capabilities(**declared: Any) -> Capabilities:
   ``declared``, the fields where the library differs from ``Capabilities``' defaults (global,
   L2 only, non-finite values propagated, functional, mixed dtypes, CPU)."""
   return Capabilities(dtypes=supported_dtypes(), transforms=JAX_TRANSFORMS, **declared)
-
-
-def require_l2(norm_type: float, library: str) -> None:
-  """Refuses a p the library cannot compute (it has no ``norm_type`` argument)."""
-  if norm_type != 2.0:
-    raise NotImplementedError(
-        f"norm_type: {library} clips by the L2 norm only; norm_type={norm_type!r} is not "
-        "expressible through its API")
-
-
-def require_mode(nonfinite: str, modes: Sequence[str], library: str) -> None:
-  """Refuses a non-finite mode other than the one the library (as called) implements."""
-  if nonfinite not in modes:
-    raise NotImplementedError(
-        f"nonfinite: {library} implements {'/'.join(modes)} only; nonfinite={nonfinite!r} is "
-        "not expressible through its API")

@@ -48,24 +48,15 @@ from ase import Atoms
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.optimize import BFGS, FIRE, LBFGS
 
+from clipbench.impls.adapters import _common
 from clipbench.protocol import Capabilities
 
 _ATOM_DIM = 3
 
 # One system per call, L2 only (FIRE) or the step norm (BFGS/LBFGS), float64 only: ASE holds
 # positions and steps in float64, so no other dtype reaches these lines in ASE's own use.
-_CAPABILITIES = Capabilities(
-    per_system=False,
-    per_system_max=False,
-    norm_types=(2.0,),
-    dtypes=("float64",),
-    nonfinite=("propagate",),
-    returns_norm=False,
-    in_place=False,
-    transforms=(),
-    devices=("cpu",),
-    mixed_dtypes=False,
-)
+# Only the fields where ASE differs from the defaults (global, L2, propagate, functional, CPU).
+_CAPABILITIES = Capabilities(dtypes=("float64",), returns_norm=False, mixed_dtypes=False)
 
 
 def _refuse_options(segments: Any, num_systems: Any, nonfinite: str, library: str) -> None:
@@ -73,8 +64,7 @@ def _refuse_options(segments: Any, num_systems: Any, nonfinite: str, library: st
   if segments is not None or num_systems not in (None, 1):
     raise NotImplementedError(
         f"segments: {library} optimizes one Atoms object (one system) per call")
-  if nonfinite != "propagate":
-    raise NotImplementedError(f"nonfinite: {library} only propagates, got {nonfinite!r}")
+  _common.require_mode(nonfinite, ("propagate",), library)
 
 
 def _atoms(num_atoms: int) -> Atoms:
@@ -181,8 +171,7 @@ class AseFireWholeStep:
                           norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[np.ndarray], None]:
     _refuse_options(segments, num_systems, nonfinite, "ase FIRE")
-    if norm_type != 2.0:
-      raise NotImplementedError(f"norm_type: ase FIRE uses the L2 norm only, got {norm_type!r}")
+    _common.require_l2(norm_type, "ase FIRE")
     arrays = [np.asarray(x) for x in leaves]
     flat = np.concatenate([x.ravel() for x in arrays]) if arrays else np.zeros(0)
     padded = np.zeros(-(-flat.size // _ATOM_DIM) * _ATOM_DIM, dtype=np.float64)

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import brainstate
 
-from clipbench.impls.adapters import _jax_common
+from clipbench.impls.adapters import _common, _jax_common
 from clipbench.protocol import ANY_NORM_TYPE
 
 _LIBRARY = "brainstate.nn.clip_grad_norm"
@@ -44,7 +44,7 @@ class BrainstateClipGradNorm:
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], Any]:
-    _jax_common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
     clipped, total_norm = brainstate.nn.clip_grad_norm(
         list(leaves), max_norm, norm_type=norm_type, return_norm=True)
     return list(clipped), total_norm

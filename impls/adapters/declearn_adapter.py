@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from clipbench.impls import frameworks
+from clipbench.impls.adapters import _common
 from clipbench.protocol import Capabilities
 
 from declearn.model.sklearn import NumpyVector  # pylint: disable=g-bad-import-order
@@ -49,17 +50,19 @@ def _names(n: int) -> list[str]:
 
 def _check_options(norm_type: float, nonfinite: str) -> None:
   # Neither option exists in declearn's module: refuse instead of emulating.
-  if norm_type != 2.0:
-    raise NotImplementedError(f"norm_type: declearn L2GlobalClipping is L2 only, got {norm_type!r}")
-  if nonfinite != "propagate":
-    raise NotImplementedError(
-        f"nonfinite: declearn L2GlobalClipping only propagates, got {nonfinite!r}")
+  _common.require_l2(norm_type, "declearn L2GlobalClipping")
+  _common.require_mode(nonfinite, ("propagate",), "declearn L2GlobalClipping")
 
 
 def _capabilities() -> Capabilities:
   # Global L2 only, no norm returned, functional. Both vector types accept float16, bfloat16
   # (numpy through ml_dtypes), float32, float64 and mixtures (they run, promoting dtypes).
   return Capabilities(returns_norm=False)
+
+
+def _description(vector_type: str) -> str:
+  return (f"declearn L2GlobalClipping on a {vector_type}: scale min((norm/max)**-1, 1), "
+          "norm = (sum of per-leaf sums of squares) ** 0.5; no norm returned")
 
 
 def _clip(vector_type: type, leaves: Sequence[Any], max_norm: float) -> list[Any]:
@@ -79,8 +82,7 @@ class L2GlobalClippingNumpy:
                 "from declearn.optimizer.modules import L2GlobalClipping\n"
                 "vector = NumpyVector({f'leaf{i}': x for i, x in enumerate(leaves)})\n"
                 "print(L2GlobalClipping(threshold).run(vector).coefs)")
-  description = ("declearn L2GlobalClipping on a NumpyVector: scale min((norm/max)**-1, 1), "
-                 "norm = (sum of per-leaf sums of squares) ** 0.5; no norm returned")
+  description = _description("NumpyVector")
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[np.ndarray], None]:
@@ -101,8 +103,7 @@ class L2GlobalClippingTorch:
                 "vector = TorchVector({f'leaf{i}': torch.from_numpy(x.copy()) "
                 "for i, x in enumerate(leaves)})\n"
                 "print(L2GlobalClipping(threshold).run(vector).coefs)")
-  description = ("declearn L2GlobalClipping on a TorchVector: scale min((norm/max)**-1, 1), "
-                 "norm = (sum of per-leaf sums of squares) ** 0.5; no norm returned")
+  description = _description("TorchVector")
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:

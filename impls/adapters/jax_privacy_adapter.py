@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from jax_privacy import clipping
 
-from clipbench.impls.adapters import _jax_common
+from clipbench.impls.adapters import _common, _jax_common
 
 _LIBRARY = "jax_privacy.clipping.clip_pytree"
 
@@ -56,9 +56,9 @@ class JaxPrivacyClipPytree:
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str | None = None) -> tuple[list[Any], Any]:
-    _jax_common.require_l2(norm_type, _LIBRARY)
+    _common.require_l2(norm_type, _LIBRARY)
     if nonfinite is not None:
-      _jax_common.require_mode(nonfinite, (self.mode,), f"{_LIBRARY}(nan_safe={self.nan_safe})")
+      _common.require_mode(nonfinite, (self.mode,), f"{_LIBRARY}(nan_safe={self.nan_safe})")
     clipped, l2_norm = clipping.clip_pytree(list(leaves), max_norm, nan_safe=self.nan_safe)
     return list(clipped), l2_norm
 

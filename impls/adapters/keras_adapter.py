@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from clipbench.impls import frameworks
+from clipbench.impls.adapters import _common
 from clipbench.protocol import DTYPES, Capabilities
 
 frameworks.import_tensorflow()
@@ -96,11 +97,8 @@ class KerasGlobalClipnorm:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:
     # Neither option exists in Keras' API: refuse instead of emulating.
-    if norm_type != 2.0:
-      raise NotImplementedError(f"norm_type: Keras global_clipnorm is L2 only, got {norm_type!r}")
-    if nonfinite != "propagate":
-      raise NotImplementedError(f"nonfinite: Keras global_clipnorm only propagates, got "
-                                f"{nonfinite!r}")
+    _common.require_l2(norm_type, "Keras global_clipnorm")
+    _common.require_mode(nonfinite, ("propagate",), "Keras global_clipnorm")
     grads = [keras.ops.convert_to_tensor(x) for x in leaves]
     variables = [keras.Variable(keras.ops.negative(keras.ops.zeros_like(g)), dtype=g.dtype,
                                 trainable=True) for g in grads]

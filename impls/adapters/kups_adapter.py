@@ -33,7 +33,12 @@ from typing import Any, Sequence
 from kups.core.data.index import Index
 from kups.relaxation import transforms
 
-from clipbench.impls.adapters import _jax_common
+from clipbench.impls.adapters import _common, _jax_common
+
+
+def _description(transform: str) -> str:
+  return (f"kups.relaxation.transforms.{transform}.update with "
+          "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
 
 
 def _reproducer(transform: str) -> str:
@@ -66,8 +71,7 @@ class KupsClipByGlobalNorm:
 
   framework = "jax"
   library = "kups"
-  description = ("kups.relaxation.transforms.ClipByGlobalNorm(max_norm).update with "
-                 "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
+  description = _description("ClipByGlobalNorm(max_norm)")
   reproducer = _reproducer("ClipByGlobalNorm(max_norm=threshold)")
   capabilities = _jax_common.capabilities(per_system=True, returns_norm=False)
 
@@ -75,8 +79,8 @@ class KupsClipByGlobalNorm:
                           segments: Sequence[Any] | None = None, num_systems: int | None = None,
                           norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _jax_common.require_l2(norm_type, "kups ClipByGlobalNorm")
-    _jax_common.require_mode(nonfinite, ("propagate",), "kups ClipByGlobalNorm")
+    _common.require_l2(norm_type, "kups ClipByGlobalNorm")
+    _common.require_mode(nonfinite, ("propagate",), "kups ClipByGlobalNorm")
     return _run(transforms.ClipByGlobalNorm(max_norm=max_norm), leaves, segments, num_systems)
 
 
@@ -85,15 +89,14 @@ class KupsMaxStepSize:
 
   framework = "jax"
   library = "kups"
-  description = ("kups.relaxation.transforms.MaxStepSize(max_step_size).update with "
-                 "Index.integer(segments[i], n=num_systems) per leaf (None without segments)")
+  description = _description("MaxStepSize(max_step_size)")
   reproducer = _reproducer("MaxStepSize(max_step_size=threshold)")
   capabilities = _jax_common.capabilities(per_system=True, returns_norm=False)
 
   def clip_by_max_step(self, leaves: Sequence[Any], max_step: Any, *,
                        segments: Sequence[Any] | None = None, num_systems: int | None = None,
                        nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _jax_common.require_mode(nonfinite, ("propagate",), "kups MaxStepSize")
+    _common.require_mode(nonfinite, ("propagate",), "kups MaxStepSize")
     return _run(transforms.MaxStepSize(max_step_size=max_step), leaves, segments, num_systems)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import mlx.core as mx
 from mlx.optimizers import clip_grad_norm as mlx_clip_grad_norm
 
+from clipbench.impls.adapters import _common
 from clipbench.protocol import Capabilities
 
 _LIBRARY = "mlx.optimizers.clip_grad_norm"
@@ -58,19 +59,9 @@ class MlxClipGradNorm:
   name = "mlx.clip_grad_norm"
   description = ("mlx.optimizers.clip_grad_norm(grads, max_norm) on the CPU: scale "
                  "min(max/(norm+1e-6), 1), float16 squares summed in float32")
-  # Global L2 only; all four float dtypes and mixtures (each leaf keeps its dtype).
-  capabilities = Capabilities(
-      per_system=False,
-      per_system_max=False,
-      norm_types=(2.0,),
-      dtypes=("float16", "bfloat16", "float32", "float64"),
-      nonfinite=("propagate",),
-      returns_norm=True,
-      in_place=False,
-      transforms=(),
-      devices=("cpu",),
-      mixed_dtypes=True,
-  )
+  # Global L2 only; all four float dtypes and mixtures (each leaf keeps its dtype): exactly
+  # Capabilities' defaults.
+  capabilities = Capabilities()
   # The library call a bug report would show (the suite's reproducer appends it).
   reproducer = ("import mlx.core as mx\nfrom mlx.optimizers import clip_grad_norm\n"
                 "grads = [mx.array(x, dtype=mx.float64) if x.dtype == np.float64 else "
@@ -81,10 +72,8 @@ class MlxClipGradNorm:
                      norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
     # Neither option exists in MLX's API: refuse instead of emulating.
-    if norm_type != 2.0:
-      raise NotImplementedError(f"norm_type: {_LIBRARY} is L2 only, got {norm_type!r}")
-    if nonfinite != "propagate":
-      raise NotImplementedError(f"nonfinite: {_LIBRARY} only propagates, got {nonfinite!r}")
+    _common.require_l2(norm_type, _LIBRARY)
+    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
     grads = [to_mlx(x) for x in leaves]
     clipped, total_norm = mlx_clip_grad_norm(grads, max_norm)
     return [from_mlx(g) for g in clipped], from_mlx(mx.array(total_norm))

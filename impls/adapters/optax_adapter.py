@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import optax
 
-from clipbench.impls.adapters import _jax_common
+from clipbench.impls.adapters import _common, _jax_common
 
 _LIBRARY = "optax.clip_by_global_norm"
 
@@ -45,8 +45,8 @@ class OptaxClipByGlobalNorm:
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _jax_common.require_l2(norm_type, _LIBRARY)
-    _jax_common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_l2(norm_type, _LIBRARY)
+    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
     updates = list(leaves)
     tx = optax.clip_by_global_norm(max_norm)
     clipped, _ = tx.update(updates, tx.init(updates))

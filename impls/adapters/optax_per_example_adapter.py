@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from clipbench.impls.adapters import _jax_common
+from clipbench.impls.adapters import _common, _jax_common
 from clipbench.protocol import Capabilities
 from clipbench.reference import validation
 
@@ -62,18 +62,8 @@ class OptaxPerExampleGlobalNormClip:
   name = "optax.per_example_global_norm_clip"
   description = ("optax.per_example_global_norm_clip(grads, c_k) per system on a batch of one "
                  "example (the sum over examples has one term)")
-  capabilities = Capabilities(
-      per_system=True,
-      per_system_max=True,
-      norm_types=(2.0,),
-      dtypes=_jax_common.supported_dtypes(),
-      nonfinite=("propagate",),
-      returns_norm=False,
-      in_place=False,
-      transforms=(),
-      devices=("cpu",),
-      mixed_dtypes=True,
-  )
+  capabilities = Capabilities(per_system=True, per_system_max=True,
+                              dtypes=_jax_common.supported_dtypes(), returns_norm=False)
   # The library call a bug report would show for one system (the suite's reproducer appends
   # it): every row of system 0, one example.
   reproducer = ("import jax.numpy as jnp\nimport optax\n"
@@ -87,8 +77,8 @@ class OptaxPerExampleGlobalNormClip:
                           segments: Sequence[Any] | None = None, num_systems: int | None = None,
                           norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _jax_common.require_l2(norm_type, _LIBRARY)
-    _jax_common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_l2(norm_type, _LIBRARY)
+    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
     if segments is None:
       clipped, _ = optax.per_example_global_norm_clip(_one_example(leaves, None),
                                                       _threshold_of(max_norm, 0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from clipbench.impls import frameworks
+from clipbench.impls.adapters import _common
 from clipbench.protocol import Capabilities
 
 tf = frameworks.import_tensorflow()
@@ -52,12 +53,8 @@ class ClipByGlobalNorm:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], Any]:
     # Neither option exists in TensorFlow's API: refuse instead of emulating.
-    if norm_type != 2.0:
-      raise NotImplementedError(
-          f"norm_type: tf.clip_by_global_norm is L2 only, got {norm_type!r}")
-    if nonfinite != "propagate":
-      raise NotImplementedError(
-          f"nonfinite: tf.clip_by_global_norm only propagates, got {nonfinite!r}")
+    _common.require_l2(norm_type, "tf.clip_by_global_norm")
+    _common.require_mode(nonfinite, ("propagate",), "tf.clip_by_global_norm")
     t_list = [_as_tensor(x) for x in leaves]
     clipped, global_norm = tf.clip_by_global_norm(t_list, max_norm)
     return list(clipped), global_norm

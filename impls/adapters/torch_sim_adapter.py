@@ -46,6 +46,7 @@ import torch
 import torch_sim as ts
 from torch_sim.models.interface import ModelInterface
 
+from clipbench.impls.adapters import _common
 from clipbench.protocol import Capabilities
 from clipbench.reference import validation
 
@@ -123,18 +124,8 @@ class TorchSimAseFire:
                  "dt=1 on a SimState of many systems: scale max/(norm+eps) when norm > max")
   # Per-system L2 over each system's whole step; one threshold for the batch; the state is
   # float32 or float64 (one dtype per state, so no mixing).
-  capabilities = Capabilities(
-      per_system=True,
-      per_system_max=False,
-      norm_types=(2.0,),
-      dtypes=("float32", "float64"),
-      nonfinite=("propagate",),
-      returns_norm=False,
-      in_place=False,
-      transforms=(),
-      devices=("cpu",),
-      mixed_dtypes=False,
-  )
+  capabilities = Capabilities(per_system=True, dtypes=("float32", "float64"),
+                              returns_norm=False, mixed_dtypes=False)
   # The library call a bug report would show (the suite's reproducer appends it).
   reproducer = (
       "import torch, torch_sim as ts\n"
@@ -149,10 +140,8 @@ class TorchSimAseFire:
                           num_systems: int | None = None, norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[torch.Tensor], None]:
     # Neither option exists in torch-sim's FIRE: refuse instead of emulating.
-    if norm_type != 2.0:
-      raise NotImplementedError(f"norm_type: {_LIBRARY} uses the L2 norm only, got {norm_type!r}")
-    if nonfinite != "propagate":
-      raise NotImplementedError(f"nonfinite: {_LIBRARY} only propagates, got {nonfinite!r}")
+    _common.require_l2(norm_type, _LIBRARY)
+    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
     leaves = list(leaves)
     if segments is not None:
       # The mapping of rows to torch-sim's consecutive system_idx is the adapter's, so the
