@@ -327,7 +327,8 @@ def load(spec: str) -> Implementation:
   if ":" not in spec and "." not in spec:
     raise ValueError(
         f"impl: unknown implementation {spec!r}; registered: {', '.join(names())}; "
-        "an outside one is named as package.module:attr")
+        "an outside one is named as package.module:attr (a module that is the "
+        f"implementation itself: {spec}:)")
   module_name = spec.partition(":")[0]
   try:
     obj = resolve_target(spec)
