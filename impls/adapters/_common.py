@@ -25,3 +25,9 @@ def require_mode(nonfinite: str, modes: Sequence[str], library: str) -> None:
     raise NotImplementedError(
         f"nonfinite: {library} implements {'/'.join(modes)} only; nonfinite={nonfinite!r} is "
         "not expressible through its API")
+
+
+def require_l2_propagate(norm_type: float, nonfinite: str, library: str) -> None:
+  """The refusals of a library that clips by the L2 norm and lets non-finite values through."""
+  require_l2(norm_type, library)
+  require_mode(nonfinite, ("propagate",), library)

@@ -50,8 +50,7 @@ def _names(n: int) -> list[str]:
 
 def _check_options(norm_type: float, nonfinite: str) -> None:
   # Neither option exists in declearn's module: refuse instead of emulating.
-  _common.require_l2(norm_type, "declearn L2GlobalClipping")
-  _common.require_mode(nonfinite, ("propagate",), "declearn L2GlobalClipping")
+  _common.require_l2_propagate(norm_type, nonfinite, "declearn L2GlobalClipping")
 
 
 def _capabilities() -> Capabilities:

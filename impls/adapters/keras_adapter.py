@@ -97,8 +97,7 @@ class KerasGlobalClipnorm:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:
     # Neither option exists in Keras' API: refuse instead of emulating.
-    _common.require_l2(norm_type, "Keras global_clipnorm")
-    _common.require_mode(nonfinite, ("propagate",), "Keras global_clipnorm")
+    _common.require_l2_propagate(norm_type, nonfinite, "Keras global_clipnorm")
     grads = [keras.ops.convert_to_tensor(x) for x in leaves]
     variables = [keras.Variable(keras.ops.negative(keras.ops.zeros_like(g)), dtype=g.dtype,
                                 trainable=True) for g in grads]

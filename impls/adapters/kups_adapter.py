@@ -79,8 +79,7 @@ class KupsClipByGlobalNorm:
                           segments: Sequence[Any] | None = None, num_systems: int | None = None,
                           norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _common.require_l2(norm_type, "kups ClipByGlobalNorm")
-    _common.require_mode(nonfinite, ("propagate",), "kups ClipByGlobalNorm")
+    _common.require_l2_propagate(norm_type, nonfinite, "kups ClipByGlobalNorm")
     return _run(transforms.ClipByGlobalNorm(max_norm=max_norm), leaves, segments, num_systems)
 
 

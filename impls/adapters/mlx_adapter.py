@@ -72,8 +72,7 @@ class MlxClipGradNorm:
                      norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[np.ndarray], np.ndarray]:
     # Neither option exists in MLX's API: refuse instead of emulating.
-    _common.require_l2(norm_type, _LIBRARY)
-    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_l2_propagate(norm_type, nonfinite, _LIBRARY)
     grads = [to_mlx(x) for x in leaves]
     clipped, total_norm = mlx_clip_grad_norm(grads, max_norm)
     return [from_mlx(g) for g in clipped], from_mlx(mx.array(total_norm))

@@ -45,8 +45,7 @@ class OptaxClipByGlobalNorm:
 
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: Any, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _common.require_l2(norm_type, _LIBRARY)
-    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_l2_propagate(norm_type, nonfinite, _LIBRARY)
     updates = list(leaves)
     tx = optax.clip_by_global_norm(max_norm)
     clipped, _ = tx.update(updates, tx.init(updates))

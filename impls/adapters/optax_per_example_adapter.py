@@ -77,8 +77,7 @@ class OptaxPerExampleGlobalNormClip:
                           segments: Sequence[Any] | None = None, num_systems: int | None = None,
                           norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[Any], None]:
-    _common.require_l2(norm_type, _LIBRARY)
-    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_l2_propagate(norm_type, nonfinite, _LIBRARY)
     if segments is None:
       clipped, _ = optax.per_example_global_norm_clip(_one_example(leaves, None),
                                                       _threshold_of(max_norm, 0))

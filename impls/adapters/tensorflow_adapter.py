@@ -53,8 +53,7 @@ class ClipByGlobalNorm:
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[Any], Any]:
     # Neither option exists in TensorFlow's API: refuse instead of emulating.
-    _common.require_l2(norm_type, "tf.clip_by_global_norm")
-    _common.require_mode(nonfinite, ("propagate",), "tf.clip_by_global_norm")
+    _common.require_l2_propagate(norm_type, nonfinite, "tf.clip_by_global_norm")
     t_list = [_as_tensor(x) for x in leaves]
     clipped, global_norm = tf.clip_by_global_norm(t_list, max_norm)
     return list(clipped), global_norm

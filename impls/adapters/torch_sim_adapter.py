@@ -140,8 +140,7 @@ class TorchSimAseFire:
                           num_systems: int | None = None, norm_type: float = 2.0,
                           nonfinite: str = "propagate") -> tuple[list[torch.Tensor], None]:
     # Neither option exists in torch-sim's FIRE: refuse instead of emulating.
-    _common.require_l2(norm_type, _LIBRARY)
-    _common.require_mode(nonfinite, ("propagate",), _LIBRARY)
+    _common.require_l2_propagate(norm_type, nonfinite, _LIBRARY)
     leaves = list(leaves)
     if segments is not None:
       # The mapping of rows to torch-sim's consecutive system_idx is the adapter's, so the

@@ -87,8 +87,7 @@ def _clip_by_max_step(leaves, max_step, ids, num_systems):
 def clip_by_global_norm(leaves: Sequence[Any], max_norm: Any, *,
                         segments: Sequence[Any] | None = None, num_systems: int | None = None,
                         norm_type: float = 2.0, nonfinite: str = "propagate"):
-  _common.require_l2(norm_type, "the segment_sum baseline")
-  _common.require_mode(nonfinite, ("propagate",), "the segment_sum baseline")
+  _common.require_l2_propagate(norm_type, nonfinite, "the segment_sum baseline")
   leaves = [jnp.asarray(x) for x in leaves]
   ids = _segment_ids(leaves, segments)
   return _clip_by_global_norm(leaves, max_norm, ids, 1 if segments is None else num_systems)
