@@ -102,8 +102,6 @@ _SLOW_PER_EXAMPLE = tuple(
      "20,000 on W3") for w in ("W2-relax", "W3-relax-large"))
 _SLOW_KERAS_W4 = (("W4-many-small", "each call builds an optimizer over 10,000 variables: about 9 s "
                    "a call here"),)
-_SLOW_TORCH_SIM_W1 = (("W1-model", "one system of 5.3M atoms through a FIRE step: about 10 s a call "
-                       "here"),)
 _SLOW_BRAINSTATE_W4 = (("W4-many-small", "its first call compiles for 16 s on W4's 10,000 "
                         "leaves"),)
 
@@ -202,7 +200,7 @@ BUILTIN: tuple[Entry, ...] = (
              "ase.optimize.FIRE(atoms, dt=1, maxstep).step(): whole-step L2 cap, one Atoms"),
     _adapter("torch_sim.fire_step.ase_fire", "torch_sim_adapter:ase_fire", "torch-sim-atomistic",
              "torch", "torch_sim fire_step(fire_flavor='ase_fire') per system on a SimState",
-             families=frozenset({"global", "per_system"}), slow=_SLOW_TORCH_SIM_W1),
+             families=frozenset({"global", "per_system"})),
     # Plain code a user would write first: the speed bar of issue 4 on W2/W3, timed on those
     # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",

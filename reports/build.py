@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gzip
+import hashlib
 import math
 import os
 import shutil
@@ -22,7 +23,7 @@ import pandas as pd
 from clipbench import files
 from clipbench.protocol import RULES
 from clipbench.reports import machine, plots, render, results, tables
-from clipbench.reports.render import (Cell, Code, Details, Facts, Heading, Image, Notes, Table,
+from clipbench.reports.render import (Cell, Details, Facts, Heading, Image, Notes, Table,
                                       Text)
 from clipbench.schema import CONFORMANCE_COLUMNS, SEVERITIES
 
@@ -66,6 +67,8 @@ class Sources:
 class Report:
   document: render.Document
   tables: dict[str, pd.DataFrame]
+  # Path inside the report folder -> text: one standalone reproducer per catalogue entry.
+  reproducers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def only_impls(sources: Sources, names: Iterable[str]) -> Sources:
@@ -424,15 +427,32 @@ _CLASS_TITLES = {
 }
 
 
-def _divergence_section(catalogue: pd.DataFrame, results_path: str) -> list[render.Block]:
+REPRODUCER_DIR = "reproducers"
+
+
+def reproducer_files(catalogue: pd.DataFrame) -> dict[int, str]:
+  """Catalogue row -> the path its reproducer is written to, named after its entry (the same
+  entry keeps its file from one run to the next, so an unchanged reproducer makes no diff)."""
+  out = {}
+  for i, r in catalogue.iterrows():
+    if str(r["reproducer"]).strip():
+      digest = hashlib.sha1(f"{r['class']}|{r['reason']}".encode()).hexdigest()[:8]
+      name = "-".join(_slug(str(x)) for x in (r["impl"], r["op"], f"rule{r['rule']}"))
+      out[i] = f"{REPRODUCER_DIR}/{name}-{digest}.py"
+  return out
+
+
+def _divergence_section(catalogue: pd.DataFrame, results_path: str,
+                        files_of: dict[int, str]) -> list[render.Block]:
   blocks: list[render.Block] = [
       Heading("Divergence catalogue", 2, "divergences"),
       Text("Every failure and every listed deviation seen in this run, one entry per manifest "
            "entry (implementation, op, rule, reason, severity) or, for failures nobody listed, "
            "per implementation, op and rule; most harmful class first. Each entry gives its "
-           "case count and one standalone reproducer (the inputs inline, the call as the "
-           "library's users write it, then an assertion against the exact reference that "
-           "fails while the deviation stands), ready for the library's issue tracker. "
+           "case count and one standalone reproducer, a file in `reproducers/` beside this "
+           "report (the inputs inline, the call as the library's users write it, then an "
+           "assertion against the exact reference that fails while the deviation stands; it "
+           "runs wherever clipbench is installed), ready for the library's issue tracker. "
            "`divergences.csv` is this catalogue as a table; every case is a row of "
            "`conformance.csv.gz` beside this report (the results table, gzip-compressed to "
            "stay within GitHub's file limits: `pandas.read_csv` and `zcat` read it directly), "
@@ -448,7 +468,7 @@ def _divergence_section(catalogue: pd.DataFrame, results_path: str) -> list[rend
                           f"{cases} case{'s' if cases > 1 else ''}", 3, f"div-{_slug(cls)}"))
     if cls in SEVERITIES:
       blocks.append(Text(SEVERITIES[cls], "muted"))
-    for _, r in group.iterrows():
+    for i, r in group.iterrows():
       label = " · ".join(str(x) for x in (r["impl"], r["op"], rule_label(r["rule"])) if x)
       reason = str(r["reason"])
       shown = SUMMARY_REASON_CHARS
@@ -461,17 +481,12 @@ def _divergence_section(catalogue: pd.DataFrame, results_path: str) -> list[rend
           ("reason", reason if len(reason) > shown and reason != r["observed"] else ""),
           ("cases", r["case_names"]),
           ("dtypes", r["dtypes"]), ("observed", r["observed"]),
-          ("max ulp error (output / norm)", ulps),
-          ("reproducer of", f"`{r['reproducer_test_id']}`" if r["reproducer_test_id"] else ""))
+          ("max ulp error (output / norm)", ulps))
                if v]
       inner: list[render.Block] = [Facts(tuple(facts))]
-      if str(r["reproducer"]).strip():
-        inner.append(Code(str(r["reproducer"])))
-      elif r["reproducer_chars"]:
-        inner.append(Text(f"Reproducer: {r['reproducer_chars']:,} characters (its input "
-                          "inline), too long to show here; it is the `reproducer` column of "
-                          "this test id's row in the results table (`clipbench conform "
-                          f"--impl {r['impl']}` writes it).", "muted"))
+      if i in files_of:
+        inner.append(Text(f"Reproducer: [`{files_of[i]}`]({files_of[i]}) "
+                          f"({r['reproducer_chars']:,} characters, standalone)"))
       else:
         inner.append(Text("No reproducer was recorded for these cases.", "muted"))
       blocks.append(Details(summary, tuple(inner), label=f"{label}:"))
@@ -545,15 +560,21 @@ def build(sources: Sources, *, generated: datetime.datetime,
     out["summary"] = summary
   if severity is not None:
     out["severity"] = severity
-  catalogue = None
+  catalogue, files_of, reproducers = None, {}, {}
   if len(conformance):
     matrix = tables.conformance_matrix(conformance)
     accuracy = tables.accuracy_table(conformance)
     catalogue = tables.divergence_catalogue(conformance)
     blocks += _matrix_section(conformance, matrix)
     blocks += _accuracy_section(accuracy)
+    files_of = reproducer_files(catalogue)
+    # The file names its case: the test id of the results table's row it was taken from.
+    reproducers = {path: f"# case: {catalogue.at[i, 'reproducer_test_id']}\n"
+                         + str(catalogue.at[i, "reproducer"]) for i, path in files_of.items()}
     out.update(conformance=conformance.drop(columns=list(PER_CASE_ONLY_COLUMNS)),
-               conformance_matrix=matrix, accuracy=accuracy, divergences=catalogue)
+               conformance_matrix=matrix, accuracy=accuracy,
+               divergences=catalogue.drop(columns="reproducer").assign(
+                   reproducer_file=[files_of.get(i, "") for i in catalogue.index]))
   else:
     blocks += [Heading("Conformance matrix", 2, "conformance"),
                Text("No conformance results.", "muted")]
@@ -561,7 +582,7 @@ def build(sources: Sources, *, generated: datetime.datetime,
   if not performance.empty:
     out["performance"] = performance
   if catalogue is not None:
-    blocks += _divergence_section(catalogue, sources.conformance_path)
+    blocks += _divergence_section(catalogue, sources.conformance_path, files_of)
   history = sources.asv_history
   blocks += _history_section(history)
   if not history.empty:
@@ -575,7 +596,7 @@ def build(sources: Sources, *, generated: datetime.datetime,
   blocks += machine_blocks
   out.update(versions=versions, machine=machine_table)
   return Report(render.Document("clipbench: update-clipping implementations compared",
-                                tuple(blocks)), out)
+                                tuple(blocks)), out, reproducers)
 
 
 def table_file(name: str) -> str:
@@ -597,6 +618,9 @@ def write_folder(report: Report, folder: str) -> None:
       files.write_bytes(path, gzip.compress(text, compresslevel=9, mtime=0))
     else:
       files.write_csv(path, frame)
+  for path, text in report.reproducers.items():
+    os.makedirs(os.path.dirname(os.path.join(folder, path)), exist_ok=True)
+    files.write_text(os.path.join(folder, path), text.rstrip() + "\n")
   files.write_text(os.path.join(folder, "REPORT.md"), render.to_markdown(report.document))
   files.write_text(os.path.join(folder, "index.html"), render.to_html(report.document))
 

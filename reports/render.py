@@ -139,7 +139,9 @@ td.sev-rounding-level{background:#f0f6e8} td.zero{color:#9aa3ab} td.nowrap{white
 
 
 def _inline_html(text: str) -> str:
-  return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+  """Escaped text with Markdown's inline code and relative links (`x`, [text](path))."""
+  text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+  return re.sub(r"\[([^\]]+)\]\(([^)\s:]+)\)", r'<a href="\2">\1</a>', text)
 
 
 def _summary_html(block: "Details") -> str:

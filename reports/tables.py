@@ -252,19 +252,16 @@ def _shortened(text: str, limit: int) -> str:
   return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def divergence_catalogue(conformance: pd.DataFrame, *, max_reproducer_chars: int = 4000,
-                         reproducer_budget_chars: int = 80_000, max_case_names: int = 8,
+def divergence_catalogue(conformance: pd.DataFrame, *, max_case_names: int = 8,
                          max_text_chars: int = 240) -> pd.DataFrame:
   """One row per manifest entry seen (impl, op, rule, reason, severity), or per unlisted
   failure group (impl, op, rule), most harmful class first, then by implementation and rule.
 
   Each row carries the case count, the first ``max_case_names`` case names, the dtypes, the
   worst ulp errors, one observation (cut at ``max_text_chars``) and one reproducer: the
-  shortest of the group, shown only when it has at most ``max_reproducer_chars`` characters
-  and the rows before it left room in ``reproducer_budget_chars`` (the others are in the full
-  results table; ``reproducer_test_id`` names the case either way, ``reproducer_chars`` gives
-  its length). The budgets keep the report's size bounded by the number of entries, not of
-  cases.
+  shortest of the group (``reproducer_test_id`` names its case, ``reproducer_chars`` gives its
+  length). The report writes each entry's reproducer to a file of its own, so its pages grow
+  with the number of entries, not of cases.
   """
   rows = _classified(conformance)
   columns = ["impl", "kind", "class", "op", "rule", "reason", "cases", "case_names", "dtypes",
@@ -300,12 +297,6 @@ def divergence_catalogue(conformance: pd.DataFrame, *, max_reproducer_chars: int
   frame["_r"] = frame["rule"].map(rule_sort_key)
   frame = (frame.sort_values(["_c", "_k", "impl", "_r", "op"], kind="stable")
            .drop(columns=["_c", "_k", "_r"]).reset_index(drop=True))
-  budget = reproducer_budget_chars
-  for i, text in frame["reproducer"].items():
-    if len(text) > max_reproducer_chars or len(text) > budget:
-      frame.at[i, "reproducer"] = ""
-    else:
-      budget -= len(text)
   return frame
 
 

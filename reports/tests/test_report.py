@@ -263,8 +263,8 @@ def test_catalogue_groups_cases_of_one_entry_and_keeps_the_shortest_reproducer(c
   row = catalogue.iloc[0]
   assert row["cases"] == 30 and row["reproducer"] == "x = 1\n"
   assert row["case_names"] == "c0, c1, c2, c3, c4 and 25 more"
-  capped = tables.divergence_catalogue(many.assign(reproducer="y" * 5000))
-  assert capped.iloc[0]["reproducer"] == "" and capped.iloc[0]["reproducer_chars"] == 5000
+  long = tables.divergence_catalogue(many.assign(reproducer="y" * 5000))
+  assert long.iloc[0]["reproducer"] == "y" * 5000 and long.iloc[0]["reproducer_chars"] == 5000
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -285,7 +285,11 @@ def test_html_is_self_contained_and_complete(report):
   # The reason of a cell is both a tooltip and a visible footnote it links to.
   assert re.search(r'title="1 pass, 1 deviation \| 0/0 when norm == max == 0 gives NaN"', text)
   assert re.search(r'<sup><a href="#note-\d+">\[\d+\]</a></sup>', text)
-  assert "torch.nn.utils.clip_grad_norm_([p], 5.0)" in text  # a reproducer
+  # Each catalogue entry links its reproducer, a file written beside the page.
+  linked = re.findall(r'<a href="(reproducers/[^"]+\.py)">', text)
+  assert linked and sorted(linked) == sorted(report.reproducers)
+  assert any("torch.nn.utils.clip_grad_norm_([p], 5.0)" in report.reproducers[path]
+             for path in linked)
   assert "Fixture CPU @ 2.60GHz" in text and "9.6 GB/s" in text
   assert "Rule 3" not in text or "At or below the threshold" in text
 
@@ -380,11 +384,13 @@ def test_markdown_has_the_same_content(report):
   md = render.to_markdown(report.document)
   html_text = render.to_html(report.document)
   for needle in ("## Conformance matrix", "| optax.clip_by_global_norm |", "deviation [",
-                 "```python\nimport numpy as np\nimport optax", "## Divergence catalogue",
+                 "## Divergence catalogue",
                  "aaaaaaaa 2026-11-20", "Measured memory bandwidth"):
     assert needle in md
   for plot in render.plots_of(report.document):
     assert f"]({render.image_path(plot)})" in md
+  for path in report.reproducers:  # the catalogue links each reproducer file in both
+    assert f"]({path})" in md and f'href="{path}"' in html_text
   # Every footnote number used in a cell is defined once, in both renderings.
   used = set(re.findall(r"deviation \[(\d+)\]", md))
   assert used and all(f'id="note-{n}"' in md and f'id="note-{n}"' in html_text for n in used)
@@ -546,3 +552,6 @@ def test_report_of_a_large_run_fits_where_people_read_it(tmp_path, bench):
   assert len(full) == len(conformance) and (full["case"] == conformance["case"]).all()
   catalogue = pd.read_csv(tmp_path / "out" / "divergences.csv", keep_default_na=False)
   assert len(catalogue) == 12 * 12 and catalogue["cases"].sum() == divergent
+  # One standalone reproducer file per entry, each linked from the catalogue's table.
+  written = sorted(p for p in sizes if p.startswith("reproducers/"))
+  assert len(written) == len(catalogue) and sorted(catalogue["reproducer_file"]) == written
