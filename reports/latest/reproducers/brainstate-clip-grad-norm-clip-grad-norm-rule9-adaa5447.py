@@ -1,0 +1,29 @@
+# case: conformance/test_bad_input.py::test_rule9_non_float_leaf_raises_type_error[brainstate.clip_grad_norm-clip_grad_norm-rule9-integer_leaf]
+# brainstate.clip_grad_norm: brainstate.nn.clip_grad_norm(leaves, max_norm, norm_type=p, return_norm=True)
+import math
+import ml_dtypes
+import numpy as np
+
+from clipbench.conformance.reproducer import departure_from_reference
+from clipbench.impls import calling, registry
+
+leaves = [np.array([2.040919065475464, -2.5556650161743164, 0.4180988371372223, -0.5677695870399475, -0.4526492953300476, -0.21559716761112213, -2.019986152648926, -0.2319323718547821, -0.8652130961418152, 3.3229994773864746, 0.22578661143779755, -0.3526307940483093, -0.28128743171691895, -0.6680463552474976, -1.0551505088806152, -0.39080098271369934, 0.4819453954696655, -0.23855361342430115]).astype(np.float32), np.array([1, 2, 3], dtype=np.int32)]
+segments = None
+num_systems = None
+threshold = 1.0
+norm_type = 2.0
+nonfinite = 'propagate'
+
+# The call as brainstate.clip_grad_norm's users write it:
+try:
+  import brainstate
+  import jax.numpy as jnp
+  out, norm = brainstate.nn.clip_grad_norm([jnp.asarray(x) for x in leaves], threshold, norm_type=norm_type, return_norm=True)
+  print(out, norm)
+except Exception as e:  # pylint: disable=broad-except
+  print(type(e).__name__, e)
+
+# What SPEC.md expects (rule 9): the same call through clipbench, checked
+# against the exact reference. Fails while the deviation stands.
+problem = departure_from_reference(registry.load('brainstate.clip_grad_norm'), 'clip_grad_norm', leaves, threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite, rule=9)
+assert problem is None, problem

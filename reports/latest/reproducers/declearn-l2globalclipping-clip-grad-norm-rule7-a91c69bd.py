@@ -1,0 +1,29 @@
+# case: conformance/test_rules.py::test_rule7_nonfinite_input_stays_in_its_system[declearn.L2GlobalClipping-clip_grad_norm-rule7-posinf_global]
+# declearn.L2GlobalClipping: declearn L2GlobalClipping on a NumpyVector: scale min((norm/max)**-1, 1), norm = (sum of per-leaf sums of squares) ** 0.5; no norm returned
+import math
+import ml_dtypes
+import numpy as np
+
+from clipbench.conformance.reproducer import departure_from_reference
+from clipbench.impls import calling, registry
+
+leaves = [np.array([np.inf, 1.0]).astype(np.float32)]
+segments = None
+num_systems = None
+threshold = 1.0
+norm_type = 2.0
+nonfinite = 'propagate'
+
+# The call as declearn.L2GlobalClipping's users write it:
+try:
+  from declearn.model.sklearn import NumpyVector
+  from declearn.optimizer.modules import L2GlobalClipping
+  vector = NumpyVector({f'leaf{i}': x for i, x in enumerate(leaves)})
+  print(L2GlobalClipping(threshold).run(vector).coefs)
+except Exception as e:  # pylint: disable=broad-except
+  print(type(e).__name__, e)
+
+# What SPEC.md expects (rule 7): the same call through clipbench, checked
+# against the exact reference. Fails while the deviation stands.
+problem = departure_from_reference(registry.load('declearn.L2GlobalClipping'), 'clip_grad_norm', leaves, threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite, rule=7)
+assert problem is None, problem

@@ -1,0 +1,33 @@
+# case: conformance/test_rules.py::test_rule3_random_batches_below_threshold_unchanged[deepspeed.clip_tensors_by_global_norm-clip_grad_norm-rule3-hypothesis_float64]
+# deepspeed.clip_tensors_by_global_norm: deepspeed.runtime.utils.clip_tensors_by_global_norm (in place; L2; scaled by max/(norm+1e-6) only when below 1; a non-finite norm returned as -1)
+import math
+import ml_dtypes
+import numpy as np
+
+from clipbench.conformance.reproducer import departure_from_reference
+from clipbench.impls import calling, registry
+
+leaves = [np.array([2.8766863694988954e+24, -5.11843987731808e+24, 4.172195341865992e+24, 3.26252774647324e+24, -6.830633179374822e+24]).astype(np.float64)]
+segments = None
+num_systems = None
+threshold = math.inf
+norm_type = 2.0
+nonfinite = 'propagate'
+
+# The call as deepspeed.clip_tensors_by_global_norm's users write it:
+try:
+  import torch
+  torch.set_printoptions(precision=10)
+  grads = [torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16) if x.dtype.name == 'bfloat16' else torch.from_numpy(x.copy()) for x in leaves]
+  import os
+  os.environ.setdefault('DS_ACCELERATOR', 'cpu')
+  from deepspeed.runtime.utils import clip_tensors_by_global_norm
+  norm = clip_tensors_by_global_norm(grads, threshold)
+  print(grads, norm)
+except Exception as e:  # pylint: disable=broad-except
+  print(type(e).__name__, e)
+
+# What SPEC.md expects (rule 3): the same call through clipbench, checked
+# against the exact reference. Fails while the deviation stands.
+problem = departure_from_reference(registry.load('deepspeed.clip_tensors_by_global_norm'), 'clip_grad_norm', leaves, threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite, rule=3)
+assert problem is None, problem

@@ -1,0 +1,33 @@
+# case: conformance/test_rules.py::test_rule8_empty_inputs_are_valid[kups.ClipByGlobalNorm-clip_by_global_norm-rule8-no_leaves]
+# kups.ClipByGlobalNorm: kups.relaxation.transforms.ClipByGlobalNorm(max_norm).update with Index.integer(segments[i], n=num_systems) per leaf (None without segments)
+import math
+import ml_dtypes
+import numpy as np
+
+from clipbench.conformance.reproducer import departure_from_reference
+from clipbench.impls import calling, registry
+
+leaves = []
+segments = None
+num_systems = None
+threshold = 1.0
+norm_type = 2.0
+nonfinite = 'propagate'
+
+# The call as kups.ClipByGlobalNorm's users write it:
+try:
+  import jax.numpy as jnp
+  from kups.core.data.index import Index
+  from kups.relaxation import transforms
+  updates = [jnp.asarray(x) for x in leaves]
+  prefix = None if segments is None else [Index.integer(s, n=num_systems) for s in segments]
+  opt = transforms.ClipByGlobalNorm(max_norm=threshold)
+  out, _ = opt.update(updates, opt.init(updates, prefix))
+  print(out)
+except Exception as e:  # pylint: disable=broad-except
+  print(type(e).__name__, e)
+
+# What SPEC.md expects (rule 8): the same call through clipbench, checked
+# against the exact reference. Fails while the deviation stands.
+problem = departure_from_reference(registry.load('kups.ClipByGlobalNorm'), 'clip_by_global_norm', leaves, threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite, rule=8)
+assert problem is None, problem

@@ -1,0 +1,30 @@
+# case: conformance/test_rules.py::test_rule5_random_batches_norm_accuracy[mlx.clip_grad_norm-clip_grad_norm-rule5-hypothesis_float64]
+# mlx.clip_grad_norm: mlx.optimizers.clip_grad_norm(grads, max_norm) on the CPU: scale min(max/(norm+1e-6), 1), float16 squares summed in float32
+import math
+import ml_dtypes
+import numpy as np
+
+from clipbench.conformance.reproducer import departure_from_reference
+from clipbench.impls import calling, registry
+
+leaves = [np.array([0.0, 3.89359303843037e+64, 0.0, -7.594324592733205e+64, 4.0164307341069704e+65, 6.890233529453685e+64]).reshape((2, 3)).astype(np.float64), np.array([-1.4362638153726089e+305]).astype(np.float64)]
+segments = None
+num_systems = None
+threshold = 1.0
+norm_type = 2.0
+nonfinite = 'propagate'
+
+# The call as mlx.clip_grad_norm's users write it:
+try:
+  import mlx.core as mx
+  from mlx.optimizers import clip_grad_norm
+  grads = [mx.array(x, dtype=mx.float64) if x.dtype == np.float64 else mx.array(x) for x in leaves]
+  out, norm = clip_grad_norm(grads, threshold)
+  print(out, norm)
+except Exception as e:  # pylint: disable=broad-except
+  print(type(e).__name__, e)
+
+# What SPEC.md expects (rule 5): the same call through clipbench, checked
+# against the exact reference. Fails while the deviation stands.
+problem = departure_from_reference(registry.load('mlx.clip_grad_norm'), 'clip_grad_norm', leaves, threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite, rule=5)
+assert problem is None, problem

@@ -1,0 +1,33 @@
+# case: conformance/test_rules.py::test_rule3_random_batches_below_threshold_unchanged[torch.clip_grad_norm_-clip_grad_norm-rule3-hypothesis_float16]
+# torch.clip_grad_norm_: torch.nn.utils.clip_grad_norm_(foreach=False) on the .grad of parameters (in place; scale min(1, max/(norm+1e-6)); norm of per-tensor norms)
+import math
+import ml_dtypes
+import numpy as np
+
+from clipbench.conformance.reproducer import departure_from_reference
+from clipbench.impls import calling, registry
+
+leaves = [np.array([0.0108489990234375, -0.0017299652099609375, -0.004932403564453125, -0.0006318092346191406, 0.0, -0.0006937980651855469]).reshape((2, 3)).astype(np.float16), np.array([0.0]).astype(np.float16), np.array([]).reshape((0, 2, 2)).astype(np.float16)]
+segments = None
+num_systems = None
+threshold = 0.0
+norm_type = -math.inf
+nonfinite = 'propagate'
+
+# The call as torch.clip_grad_norm_'s users write it:
+try:
+  import torch
+  torch.set_printoptions(precision=10)
+  grads = [torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16) if x.dtype.name == 'bfloat16' else torch.from_numpy(x.copy()) for x in leaves]
+  params = [torch.nn.Parameter(torch.empty_like(g)) for g in grads]
+  for p, g in zip(params, grads):
+    p.grad = g
+  norm = torch.nn.utils.clip_grad_norm_(params, threshold, norm_type=norm_type, foreach=False)
+  print([p.grad for p in params], norm)
+except Exception as e:  # pylint: disable=broad-except
+  print(type(e).__name__, e)
+
+# What SPEC.md expects (rule 3): the same call through clipbench, checked
+# against the exact reference. Fails while the deviation stands.
+problem = departure_from_reference(registry.load('torch.clip_grad_norm_'), 'clip_grad_norm', leaves, threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, nonfinite=nonfinite, rule=3)
+assert problem is None, problem
