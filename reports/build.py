@@ -431,15 +431,37 @@ REPRODUCER_DIR = "reproducers"
 
 
 def reproducer_files(catalogue: pd.DataFrame) -> dict[int, str]:
-  """Catalogue row -> the path its reproducer is written to, named after its entry (the same
-  entry keeps its file from one run to the next, so an unchanged reproducer makes no diff)."""
+  """Catalogue row -> where its reproducer is written: a section of its implementation's page
+  ``reproducers/<impl>.md``, anchored by the entry (op, rule and a hash of its class and
+  reason), so an entry keeps its address and an unchanged reproducer makes no diff. Pages (a
+  Markdown code block per entry) rather than ``.py`` files: GitHub shows them highlighted,
+  and generated code stays out of the tree's code."""
   out = {}
   for i, r in catalogue.iterrows():
     if str(r["reproducer"]).strip():
       digest = hashlib.sha1(f"{r['class']}|{r['reason']}".encode()).hexdigest()[:8]
-      name = "-".join(_slug(str(x)) for x in (r["impl"], r["op"], f"rule{r['rule']}"))
-      out[i] = f"{REPRODUCER_DIR}/{name}-{digest}.py"
+      anchor = f"{_slug(str(r['op']))}-rule{_slug(str(r['rule']))}-{digest}"
+      out[i] = f"{REPRODUCER_DIR}/{_slug(str(r['impl']))}.md#{anchor}"
   return out
+
+
+def reproducer_pages(catalogue: pd.DataFrame, files_of: dict[int, str]) -> dict[str, str]:
+  """Page path -> Markdown: each implementation's reproducers, in the catalogue's order."""
+  pages: dict[str, list[str]] = {}
+  for i, address in files_of.items():
+    r = catalogue.loc[i]
+    path, anchor = address.split("#")
+    lines = pages.setdefault(path, [f"# Reproducers: {r['impl']}\n",
+                                    "Each block runs on its own wherever clipbench is installed "
+                                    "and ends in an assertion against the exact reference that "
+                                    "fails while the deviation stands.\n"])
+    lines += [f'<a id="{anchor}"></a>\n',
+              f"## {r['op']} · {rule_label(r['rule'])} · {r['class']}\n",
+              f"{r['reason']}\n",
+              f"Case: `{r['reproducer_test_id']}` ({r['cases']} case"
+              f"{'s' if r['cases'] > 1 else ''} in this entry)\n",
+              "```python\n" + str(r["reproducer"]).rstrip() + "\n```\n"]
+  return {path: "\n".join(lines) for path, lines in pages.items()}
 
 
 def _divergence_section(catalogue: pd.DataFrame, results_path: str,
@@ -449,8 +471,8 @@ def _divergence_section(catalogue: pd.DataFrame, results_path: str,
       Text("Every failure and every listed deviation seen in this run, one entry per manifest "
            "entry (implementation, op, rule, reason, severity) or, for failures nobody listed, "
            "per implementation, op and rule; most harmful class first. Each entry gives its "
-           "case count and one standalone reproducer, a file in `reproducers/` beside this "
-           "report (the inputs inline, the call as the library's users write it, then an "
+           "case count and one standalone reproducer, on its implementation's page in "
+           "`reproducers/` beside this report (the inputs inline, the call as the library's users write it, then an "
            "assertion against the exact reference that fails while the deviation stands; it "
            "runs wherever clipbench is installed), ready for the library's issue tracker. "
            "`divergences.csv` is this catalogue as a table; every case is a row of "
@@ -485,7 +507,7 @@ def _divergence_section(catalogue: pd.DataFrame, results_path: str,
                if v]
       inner: list[render.Block] = [Facts(tuple(facts))]
       if i in files_of:
-        inner.append(Text(f"Reproducer: [`{files_of[i]}`]({files_of[i]}) "
+        inner.append(Text(f"Reproducer: [`{files_of[i].split('#')[0]}`]({files_of[i]}) "
                           f"({r['reproducer_chars']:,} characters, standalone)"))
       else:
         inner.append(Text("No reproducer was recorded for these cases.", "muted"))
@@ -569,8 +591,7 @@ def build(sources: Sources, *, generated: datetime.datetime,
     blocks += _accuracy_section(accuracy)
     files_of = reproducer_files(catalogue)
     # The file names its case: the test id of the results table's row it was taken from.
-    reproducers = {path: f"# case: {catalogue.at[i, 'reproducer_test_id']}\n"
-                         + str(catalogue.at[i, "reproducer"]) for i, path in files_of.items()}
+    reproducers = reproducer_pages(catalogue, files_of)
     out.update(conformance=conformance.drop(columns=list(PER_CASE_ONLY_COLUMNS)),
                conformance_matrix=matrix, accuracy=accuracy,
                divergences=catalogue.drop(columns="reproducer").assign(

@@ -285,11 +285,13 @@ def test_html_is_self_contained_and_complete(report):
   # The reason of a cell is both a tooltip and a visible footnote it links to.
   assert re.search(r'title="1 pass, 1 deviation \| 0/0 when norm == max == 0 gives NaN"', text)
   assert re.search(r'<sup><a href="#note-\d+">\[\d+\]</a></sup>', text)
-  # Each catalogue entry links its reproducer, a file written beside the page.
-  linked = re.findall(r'<a href="(reproducers/[^"]+\.py)">', text)
-  assert linked and sorted(linked) == sorted(report.reproducers)
-  assert any("torch.nn.utils.clip_grad_norm_([p], 5.0)" in report.reproducers[path]
-             for path in linked)
+  # Each catalogue entry links its reproducer: a section of its implementation's page.
+  linked = re.findall(r'<a href="(reproducers/[^"#]+\.md)#([^"]+)">', text)
+  assert linked and {path for path, _ in linked} == set(report.reproducers)
+  for path, anchor in linked:
+    assert f'<a id="{anchor}"></a>' in report.reproducers[path]
+  assert any("torch.nn.utils.clip_grad_norm_([p], 5.0)" in page
+             for page in report.reproducers.values())
   assert "Fixture CPU @ 2.60GHz" in text and "9.6 GB/s" in text
   assert "Rule 3" not in text or "At or below the threshold" in text
 
@@ -389,8 +391,8 @@ def test_markdown_has_the_same_content(report):
     assert needle in md
   for plot in render.plots_of(report.document):
     assert f"]({render.image_path(plot)})" in md
-  for path in report.reproducers:  # the catalogue links each reproducer file in both
-    assert f"]({path})" in md and f'href="{path}"' in html_text
+  for path in report.reproducers:  # the catalogue links each reproducer page in both
+    assert f"]({path}#" in md and f'href="{path}#' in html_text
   # Every footnote number used in a cell is defined once, in both renderings.
   used = set(re.findall(r"deviation \[(\d+)\]", md))
   assert used and all(f'id="note-{n}"' in md and f'id="note-{n}"' in html_text for n in used)
@@ -552,6 +554,9 @@ def test_report_of_a_large_run_fits_where_people_read_it(tmp_path, bench):
   assert len(full) == len(conformance) and (full["case"] == conformance["case"]).all()
   catalogue = pd.read_csv(tmp_path / "out" / "divergences.csv", keep_default_na=False)
   assert len(catalogue) == 12 * 12 and catalogue["cases"].sum() == divergent
-  # One standalone reproducer file per entry, each linked from the catalogue's table.
+  # One reproducer per entry, on its implementation's page, each linked from the catalogue.
   written = sorted(p for p in sizes if p.startswith("reproducers/"))
-  assert len(written) == len(catalogue) and sorted(catalogue["reproducer_file"]) == written
+  assert written == sorted({f.split("#")[0] for f in catalogue["reproducer_file"]})
+  pages = "".join((tmp_path / "out" / p).read_text() for p in written)
+  assert all(f'<a id="{f.split("#")[1]}"></a>' in pages for f in catalogue["reproducer_file"])
+  assert pages.count("```python") == len(catalogue)
