@@ -129,9 +129,7 @@ def timed_runner(impl: Implementation,
   leaves) with the threshold and keyword arguments of ``prepared`` baked in, so the runner
   only accepts preparations of the same case; every other one runs through ``calling.run``.
   """
-  # Our own JAX implementation jits its core itself, after validating concrete inputs on the
-  # host; under an outer jit it would take its traced path instead (x64 off, no host checks).
-  if (impl.framework != "jax" or impl.kind == "own" or
+  if (impl.framework != "jax" or
       "jit" not in impl.capabilities.transforms or len(prepared.leaves) > JIT_MAX_LEAVES):
     return lambda p: calling.run(impl, p)
   import jax

@@ -1,6 +1,21 @@
-"""The three clipping operations in JAX (jit-compiled XLA), exact and batch-invariant.
+"""The three clipping operations in JAX, exact and batch-invariant, fast inside ``jax.jit``.
 
-Numerical design (SPEC rules 3-5 and 11 by construction, not by XLA's choices):
+Two routes (:mod:`.api` picks one per call):
+
+* **CPU: the numba kernels** (:mod:`.host_route`). Called on concrete arrays, the kernels read
+  the leaves in place and nothing is compiled, so a process that sees thousands of shapes (a
+  batched relaxation whose converged systems leave the batch) does not grow; under tracing
+  (``jax.jit``, ``jax.vmap``, ``jax.grad``) the call is one XLA FFI custom call whose result
+  buffers the kernels fill (:mod:`.xla_ffi`, a ``ctypes`` handler of the typed FFI C API), so
+  clipping inside a user's jitted step costs what the kernels cost. Why not the graph below on
+  the CPU: XLA:CPU runs the exact arithmetic's multi-output float64 reductions, scatters and
+  gathers at several times the memory roofline, and compiles an executable per shape (about a
+  hundred memory mappings each; a process died after ~640 shapes). Why not
+  ``jax.pure_callback``: it copies every output once more. Bits: the numba kernels'.
+* **Other backends: the exact XLA graph** described below (registered on the CPU too, as
+  ``clipbench.jax-xla`` = :data:`xla_graph`, so that it stays under test without a GPU).
+
+Numerical design of the graph (SPEC rules 3-5 and 11 by construction, not by XLA's choices):
 
 * **Order-free exact sums (rule 11)** (:mod:`.power_sums`). XLA picks its own reduction and
   scatter orders, which change with shapes and fusion, so no fixed summation order can be
@@ -37,21 +52,24 @@ Numerical design (SPEC rules 3-5 and 11 by construction, not by XLA's choices):
 * **Max-step** sums each vector's squares in a fixed pairwise tree over the last axis
   (elementwise adds: deterministic, :mod:`.pairwise`), then takes float maxima (exact).
 
-Speed: on CPU XLA runs multi-output reductions of fused float64 work, scatters and gathers
-slowly, and the exact sums need two passes over the data (max, then pieces) plus the apply
-pass; expect several times the roofline (the numba kernels are the fast CPU implementation).
+Speed of the graph: on CPU XLA runs multi-output reductions of fused float64 work, scatters
+and gathers slowly, and the exact sums need two passes over the data (max, then pieces) plus
+the apply pass: several times the roofline, hence the CPU route above.
 
-Transforms (:mod:`.gradient`): ``jax.jit`` (concrete arguments are validated on the host
+Transforms (:mod:`.gradient`; on both routes): ``jax.jit`` (concrete arguments are validated on the host
 first; under tracing the value checks on segments are skipped and a traced threshold is
 clamped to ``max(c, 0)``), ``jax.vmap``, ``jax.grad`` (a custom JVP: the identity where a
 system is kept, the derivative of ``x c / n(x)`` where it is clipped for finite p, the factor
 held fixed for p = +-inf and max-step, zero for NaN-filled systems; finite at a zero input).
-Verified by ``conformance/test_transforms.py``.
+On the CPU route the primal comes from the kernels and the tangent's coefficients from the
+graph's decisions (the same exact decisions). ``jax.vmap`` of the custom call runs the kernels
+once per batch element. Verified by ``conformance/test_transforms.py`` and
+``impls/tests/test_host_routes.py``.
 """
 
 from clipbench.impls.own.jax.api import (capabilities, clip_by_global_norm, clip_by_max_step,
                                          clip_grad_norm, description, framework,
-                                         implementation, version)
+                                         implementation, version, xla_graph)
 
 __all__ = ["capabilities", "clip_by_global_norm", "clip_by_max_step", "clip_grad_norm",
-           "description", "framework", "implementation", "version"]
+           "description", "framework", "implementation", "version", "xla_graph"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from typing import Any, NamedTuple, Sequence
@@ -13,12 +14,14 @@ import numpy as np
 from clipbench.impls.own import exact, validation
 from clipbench.impls.own.jax.config import Config, Threshold
 from clipbench.impls.own.jax.formats import FLOAT64, decode
+from clipbench.impls.own.jax import host_route
 from clipbench.impls.own.jax.gradient import clip_jit
 from clipbench.protocol import ANY_NORM_TYPE, DTYPES, Capabilities
 
 framework = "jax"
 version = jax.__version__
-description = "jit-compiled JAX/XLA; exact per-system sums (order-free), exact decisions"
+description = ("numba kernels through XLA FFI on the CPU (inside jax.jit), an exact XLA graph "
+               "elsewhere; exact decisions")
 X64 = bool(jax.config.jax_enable_x64)
 capabilities = Capabilities(
     per_system=True, per_system_max=True, norm_types=ANY_NORM_TYPE,
@@ -103,12 +106,21 @@ def exact_threshold(value, name: str, count: int | None) -> Threshold:
   return Threshold(*exact.exact_frexp(c))
 
 
-def _run(op: str, leaves, layout: SystemLayout, threshold: Threshold, p: float,
-         nonfinite: str):
+def _host_route() -> bool:
+  """The numba kernels serve the call (:mod:`.host_route`): when JAX computes on the CPU."""
+  return jax.default_backend() == "cpu"
+
+
+def _run(op: str, api_op: str, leaves, layout: SystemLayout, threshold: Threshold, p: float,
+         nonfinite: str, route: str):
   dtypes = tuple(np.dtype(x.dtype) for x in leaves)
   precise = any(d == np.float64 for d in dtypes)
+  host = route == "host" or (route == "auto" and _host_route())
+  segs = layout.segs if layout.segs is not None else ()
+  if host and host_route.is_concrete(leaves, segs, tuple(threshold)):
+    return host_route.eager(api_op, p, nonfinite, layout.num_systems, leaves, segs, threshold)
   cfg = Config(op, float(p), nonfinite == "zero", int(layout.num_systems),
-               tuple(layout.sorted_flags), precise, dtypes)
+               tuple(layout.sorted_flags), precise, dtypes, host, api_op, nonfinite)
   with jax.enable_x64(True):
     threshold = Threshold(jnp.asarray(threshold.m, jnp.float64),
                           jnp.asarray(threshold.e, jnp.int32),
@@ -120,39 +132,49 @@ def _run(op: str, leaves, layout: SystemLayout, threshold: Threshold, p: float,
 
 def clip_by_global_norm(leaves: Sequence[Any], max_norm: Any, *, segments: Any = None,
                         num_systems: Any = None, norm_type: Any = 2.0,
-                        nonfinite: str = "propagate"):
+                        nonfinite: str = "propagate", route: str = "auto"):
   """Per-system p-norm clipping: each system's leaves are scaled so that its p-norm is at most
-  max_norm; returns the leaves and the per-system norms."""
+  max_norm; returns the leaves and the per-system norms. ``route``: "auto" (the numba kernels
+  on the CPU, the XLA graph elsewhere), "host" or "graph"."""
   leaves, layout = check_leaves_and_segments(leaves, segments, num_systems, True)
   threshold = exact_threshold(max_norm, "max_norm", layout.num_systems)
   p = validation.check_norm_type(norm_type)
   nonfinite = validation.check_nonfinite(nonfinite)
-  return _run("norm", leaves, layout, threshold, p, nonfinite)
+  return _run("norm", "clip_by_global_norm", leaves, layout, threshold, p, nonfinite, route)
 
 
 def clip_by_max_step(leaves: Sequence[Any], max_step: Any, *, segments: Any = None,
-                     num_systems: Any = None, nonfinite: str = "propagate"):
+                     num_systems: Any = None, nonfinite: str = "propagate",
+                     route: str = "auto"):
   """Per-system max-step clipping: the largest last-axis vector norm is at most max_step;
   returns the leaves and the per-system step norms."""
   leaves, layout = check_leaves_and_segments(leaves, segments, num_systems, True)
   threshold = exact_threshold(max_step, "max_step", layout.num_systems)
   nonfinite = validation.check_nonfinite(nonfinite)
-  return _run("step", leaves, layout, threshold, 2.0, nonfinite)
+  return _run("step", "clip_by_max_step", leaves, layout, threshold, 2.0, nonfinite, route)
 
 
 def clip_grad_norm(leaves: Sequence[Any], max_norm: Any, *, norm_type: Any = 2.0,
-                   nonfinite: str = "propagate"):
+                   nonfinite: str = "propagate", route: str = "auto"):
   """Global p-norm clipping of all leaves together; returns the leaves and the 0-d norm."""
   leaves, layout = check_leaves_and_segments(leaves, None, None, False)
   threshold = exact_threshold(max_norm, "max_norm", None)
   p = validation.check_norm_type(norm_type)
   nonfinite = validation.check_nonfinite(nonfinite)
-  outs, norms = _run("norm", leaves, layout, threshold, p, nonfinite)
+  outs, norms = _run("norm", "clip_grad_norm", leaves, layout, threshold, p, nonfinite, route)
   return outs, norms.reshape(())
 
 
-# The registry object (``clipbench.impls.own.jax:implementation``).
-implementation = types.SimpleNamespace(
-    framework=framework, version=version, description=description, capabilities=capabilities,
-    clip_by_global_norm=clip_by_global_norm, clip_by_max_step=clip_by_max_step,
-    clip_grad_norm=clip_grad_norm)
+def _registry_object(route: str, what: str) -> types.SimpleNamespace:
+  return types.SimpleNamespace(
+      framework=framework, version=version, description=what, capabilities=capabilities,
+      clip_by_global_norm=functools.partial(clip_by_global_norm, route=route),
+      clip_by_max_step=functools.partial(clip_by_max_step, route=route),
+      clip_grad_norm=functools.partial(clip_grad_norm, route=route))
+
+
+# The registry objects: ``clipbench.impls.own.jax:implementation`` (the numba kernels through
+# XLA FFI on the CPU) and ``:xla_graph`` (the XLA graph that other backends run, kept under
+# test on the CPU).
+implementation = _registry_object("auto", description)
+xla_graph = _registry_object("graph", "the XLA graph route on every backend (GPU's route)")

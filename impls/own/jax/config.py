@@ -16,6 +16,9 @@ class Config(NamedTuple):
   sorted_flags: tuple  # per leaf: its segment ids are sorted
   precise: bool  # some leaf is float64: the wide route
   dtypes: tuple  # the leaves' numpy dtypes
+  host: bool = False  # the numba kernels through XLA FFI (:mod:`.host_route`), not the graph
+  api_op: str = ""  # the public operation (the host route's kernels are per operation)
+  nonfinite: str = "propagate"
 
 
 class Threshold(NamedTuple):

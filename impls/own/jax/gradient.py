@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from clipbench.impls.own import decision
+from clipbench.impls.own.jax import host_route
 from clipbench.impls.own.jax.config import Config
 from clipbench.impls.own.jax.formats import pow2
 from clipbench.impls.own.jax.forward import forward
@@ -24,6 +25,9 @@ from clipbench.impls.own.jax.systems import Systems, rows
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def clip(cfg: Config, leaves, segs, counts, threshold):
   """(outputs, norms) of the operation ``cfg`` describes."""
+  if cfg.host:
+    return host_route.traced(cfg.api_op, cfg.p, cfg.nonfinite, cfg.num_systems, leaves,
+                             segs or (), threshold)
   result = forward(cfg, leaves, segs, counts, threshold)
   return result.outs, result.norms
 
@@ -54,7 +58,11 @@ def _relative_norm_change(cfg: Config, systems: Systems, leaves, t_leaves, clipp
 def _clip_jvp(cfg: Config, primals, tangents):
   leaves, segs, counts, threshold = primals
   t_leaves = tangents[0]
+  # The tangent's coefficients come from the graph's decisions (the same exact decisions as
+  # the kernels'; XLA drops the graph's own outputs when the host route gives the primal).
   result = forward(cfg, leaves, segs, counts, threshold)
+  primal = clip(cfg, leaves, segs, counts, threshold) if cfg.host else (result.outs,
+                                                                         result.norms)
   action, s_m, s_e = result.decided
   systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts)
   clipped = action == decision.SCALE
@@ -79,7 +87,7 @@ def _clip_jvp(cfg: Config, primals, tangents):
     if cfg.zero_mode:
       out = jnp.where(jnp.isfinite(xr), out, jnp.zeros_like(out))
     t_outs.append(out.reshape(x.shape))
-  return (result.outs, result.norms), (tuple(t_outs), jnp.zeros_like(result.norms))
+  return primal, (tuple(t_outs), jnp.zeros_like(primal[1]))
 
 
 clip_jit = jax.jit(clip, static_argnums=(0,))

@@ -8,6 +8,8 @@ because first-touch page faults on fresh memory cost about one more pass.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 import threading
 from typing import Any
@@ -91,9 +93,32 @@ def address(x: np.ndarray) -> int:
   return x.__array_interface__["data"][0]
 
 
+_DESTINATION: contextvars.ContextVar[list[np.ndarray] | None] = contextvars.ContextVar(
+    "clipbench_numba_destination", default=None)
+
+
+@contextlib.contextmanager
+def writing_into(outputs: list[np.ndarray]):
+  """Within it, the kernels write their output leaves into ``outputs`` (C-contiguous arrays of
+  the leaves' shapes and dtypes, not overlapping the inputs) instead of new buffers: how XLA's
+  result buffers (the JAX FFI route) and torch's are filled without a copy."""
+  token = _DESTINATION.set(list(outputs))
+  try:
+    yield
+  finally:
+    _DESTINATION.reset(token)
+
+
 def new_outputs(codes: np.ndarray, sizes: np.ndarray,
                 shapes: list[tuple[int, ...]]) -> tuple[list[np.ndarray], np.ndarray]:
-  """Fresh output leaves (views of one buffer per dtype) and their data addresses."""
+  """Fresh output leaves (views of one buffer per dtype) and their data addresses, or the
+  destination of an enclosing :func:`writing_into`."""
+  destination = _DESTINATION.get()
+  if destination is not None:
+    if len(destination) != codes.size:
+      raise ValueError(f"writing_into: {len(destination)} outputs for {codes.size} leaves")
+    return destination, np.array([address(o) if o.size else 0 for o in destination],
+                                 dtype=np.int64)
   nl = codes.size
   outs: list[Any] = [None] * nl
   out_addrs = np.zeros(nl, dtype=np.int64)

@@ -1,5 +1,12 @@
 """Our own torch implementations of the three clipping operations: eager and ``torch.compile``.
 
+On the CPU both run the numba kernels on the tensors' memory, as the custom operator
+``clipbench::numba_clip`` (:mod:`.host_route`: the torch passes below reach several times the
+memory roofline on the CPU, the kernels reach it; one opaque node in a user's
+``torch.compile`` graph, no recompilation when row counts change). What follows is the CUDA
+route (torch passes, compiled passes or Triton kernels), whose bits are the torch canonical
+definition below; the CPU route's bits are the numba kernels' (each conforming).
+
 Every rule of SPEC.md holds with no deviation. The design makes every output bit a function of
 the *exact* values of a system's elements, so batch invariance (rule 11) holds by
 construction, whatever the summation order of the kernels that do the work.

@@ -13,6 +13,7 @@ from clipbench.impls.own.torch.decisions import decide
 from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.layout import make_batch, sanitize
 from clipbench.impls.own.torch.measure import measure
+from clipbench.impls.own.torch import host_route, sharded
 from clipbench.protocol import ANY_NORM_TYPE, NONFINITE_MODES, Capabilities
 
 
@@ -35,8 +36,9 @@ class TorchClipping:
 
   def __init__(self, kernels: EagerKernels, description: str,
                transforms: tuple[str, ...] = (), certified: bool = True,
-               devices: tuple[str, ...] | None = None):
+               devices: tuple[str, ...] | None = None, cpu_kernels: bool = True):
     self.kernels = kernels
+    self.cpu_kernels = cpu_kernels  # CPU tensors go to the numba kernels (:mod:`.host_route`)
     self.description = description
     self.certified = certified
     if devices is None:
@@ -65,6 +67,8 @@ class TorchClipping:
     return out, norms.reshape(())
 
   def _run(self, leaves: Any, call: _Call) -> tuple[list[torch.Tensor], torch.Tensor]:
+    if sharded.has_dtensor(leaves):
+      return sharded.clip_sharded(self, leaves, call)
     op = call.op
     leaves = check_leaves(leaves)
     segs, K = check_segments(leaves, call.segments, call.num_systems)
@@ -72,6 +76,10 @@ class TorchClipping:
                         None if op == "clip_grad_norm" else K)
     p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
     nonfinite = check_nonfinite(call.nonfinite)
+    if self.cpu_kernels and host_route.applies(leaves):
+      norm64 = any(x.dtype == torch.float64 for x in leaves)
+      return host_route.clip(op, leaves, segs, K, c, p, nonfinite,
+                             torch.float64 if norm64 else torch.float32)
     batch = make_batch(leaves, segs, K)
     if nonfinite == "zero":
       batch = sanitize(batch)
@@ -86,4 +94,5 @@ class TorchClipping:
     return out, norms
 
 
-eager = TorchClipping(EagerKernels(), "torch eager: certified float64 sums, exact near-ties")
+eager = TorchClipping(EagerKernels(), "torch eager: the numba kernels on CPU tensors; on CUDA "
+                      "certified float64 sums, exact near-ties")

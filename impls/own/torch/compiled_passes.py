@@ -154,5 +154,6 @@ class CompiledKernels(EagerKernels):
 
 
 compiled = TorchClipping(CompiledKernels(),
-                         "torch.compile (inductor): the eager design, per-leaf passes compiled",
+                         "torch.compile (inductor) passes on CUDA; on CPU tensors the numba kernels "
+                         "(as eager)",
                          transforms=("torch.compile",))

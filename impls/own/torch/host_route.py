@@ -1,0 +1,99 @@
+"""The CPU route: tensors on the CPU are clipped by the numba kernels, read and written in place.
+
+Why: torch's CPU kernels reduce in float32 or, for exact float64 sums, need a converted copy of
+every leaf, and the per-system scatter and gather passes of the torch route are several times
+the memory roofline; the numba kernels are at it (``docs/cpu-kernels.md``). ``Tensor.numpy()``
+and ``torch.from_numpy`` share memory, so the leaves are read in place and the kernels' output
+arrays (recycled buffers, no page faults) become the output tensors without a copy.
+
+The bits are the numba kernels' (exact decisions, batch-invariant by their fixed block order):
+the CUDA route (torch passes or Triton) computes the torch canonical factor instead, so a CPU
+and a CUDA call may differ in the last bits of the factor, each conforming. The eager and
+compiled implementations share this route on the CPU, so they agree bit for bit there, and
+neither compiles anything on the CPU (no recompilation when row counts change).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from clipbench.impls.own.numba import api as numba_api
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def applies(leaves: list[torch.Tensor]) -> bool:
+  """The route takes calls on CPU tensors that need no autograd graph."""
+  return all(x.device.type == "cpu" and not x.requires_grad for x in leaves)
+
+
+def to_numpy(x: torch.Tensor) -> np.ndarray:
+  """A numpy view of a CPU tensor (bfloat16 through its bits; a copy only if not contiguous)."""
+  x = x.detach()
+  if not x.is_contiguous():
+    x = x.contiguous()
+  if x.dtype == torch.bfloat16:
+    return x.view(torch.int16).numpy().view(_BFLOAT16)
+  return x.numpy()
+
+
+def to_tensor(a: np.ndarray) -> torch.Tensor:
+  """A tensor sharing a numpy array's memory (bfloat16 through its bits)."""
+  if a.dtype == _BFLOAT16:
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+  return torch.from_numpy(a)
+
+
+def clip(op: str, leaves: list[torch.Tensor], segments: list[torch.Tensor] | None,
+         num_systems: int, c: np.ndarray, p: float, nonfinite: str,
+         norm_dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+  """(outputs, per-system norms) of checked arguments, by the numba kernels.
+
+  It runs as the custom operator ``clipbench::numba_clip``, so that inside a user's
+  ``torch.compile`` graph it is one opaque node (dynamo does not trace the kernels' NumPy
+  code, and a new row count needs no recompilation: the fake implementation gives the
+  output shapes symbolically)."""
+  results = numba_clip(list(leaves), list(segments or []), torch.from_numpy(np.asarray(
+      c, np.float64).reshape(-1)), op, float(p), nonfinite, int(num_systems),
+      norm_dtype == torch.float64)
+  return results[:-1], results[-1]
+
+
+@torch.library.custom_op("clipbench::numba_clip", mutates_args=(), device_types="cpu")
+def numba_clip(leaves: list[torch.Tensor], segments: list[torch.Tensor], c: torch.Tensor,
+               op: str, p: float, nonfinite: str, num_systems: int,
+               norm64: bool) -> list[torch.Tensor]:
+  """The outputs, then the per-system norms."""
+  outs, norms = _run_kernels(op, leaves, segments or None, num_systems, c.numpy(), p,
+                             nonfinite, torch.float64 if norm64 else torch.float32)
+  return outs + [norms]
+
+
+@numba_clip.register_fake
+def _numba_clip_shapes(leaves, segments, c, op, p, nonfinite, num_systems, norm64):
+  norms = torch.empty(num_systems if segments else 1,
+                      dtype=torch.float64 if norm64 else torch.float32)
+  return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves] + [norms]
+
+
+def _run_kernels(op: str, leaves: list[torch.Tensor], segments: list[torch.Tensor] | None,
+                 num_systems: int, c: np.ndarray, p: float, nonfinite: str,
+                 norm_dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+  host = [to_numpy(x) for x in leaves]
+  kwargs: dict[str, Any] = {"nonfinite": nonfinite}
+  if op == "clip_grad_norm":
+    outs, norms = numba_api.clip_grad_norm(host, c.reshape(-1)[0], norm_type=p, **kwargs)
+  else:
+    kwargs.update(segments=None if segments is None else [to_numpy(g) for g in segments],
+                  num_systems=num_systems if segments is not None else None)
+    threshold = c if segments is not None else c.reshape(-1)[0]
+    if op == "clip_by_max_step":
+      outs, norms = numba_api.clip_by_max_step(host, threshold, **kwargs)
+    else:
+      outs, norms = numba_api.clip_by_global_norm(host, threshold, norm_type=p, **kwargs)
+  norms = torch.from_numpy(np.ascontiguousarray(np.asarray(norms).reshape(-1)))
+  return [to_tensor(o) for o in outs], norms.to(norm_dtype)
