@@ -155,3 +155,38 @@ def test_shape_churn_under_a_users_jit_grows_no_faster_than_optax(optax_growth):
   """Inside the user's jax.jit every shape is the user's compilation; ours adds one custom call
   to it, which must cost no more than optax's reductions."""
   _assert_no_faster("ours-jit", _churn("ours-jit", 60), optax_growth)
+
+
+def test_jax_jitted_near_ties_are_settled_in_xlas_result_buffers():
+  """A norm equal to its threshold (3-4-5) is a near-tie the kernels settle on the host,
+  writing the kept system into the result buffers themselves."""
+  leaves = [np.array([[3.0, 4.0], [6.0, 8.0], [0.3, 0.4]], np.float32)]
+  segments = [np.array([0, 1, 2])]
+  c = np.array([5.0, 10.0, 0.25])
+  want_outs, want_norms = numba_api.clip_by_global_norm(leaves, c, segments=segments,
+                                                        num_systems=3)
+  jitted = jax.jit(lambda xs, gs: jax_api.clip_by_global_norm(xs, c, segments=gs,
+                                                               num_systems=3))
+  outs, norms = jitted([jnp.asarray(x) for x in leaves], [jnp.asarray(g) for g in segments])
+  assert _same_bits(outs, want_outs) and _same_bits([norms], [want_norms])
+  assert np.array_equal(np.asarray(outs[0])[:2], leaves[0][:2])  # norm == max: kept
+
+
+def test_torch_compile_keeps_one_graph_when_the_row_count_changes():
+  """Inside a user's torch.compile graph the kernels are one custom-operator node: a new row
+  count reuses the compiled graph (dynamic shapes) instead of recompiling."""
+  import torch._dynamo
+
+  def step(positions, ids):
+    return eager.clip_by_max_step([positions], 0.5, segments=[ids], num_systems=3)
+
+  compiled_step = torch.compile(step, dynamic=True)
+  torch._dynamo.reset()
+  rng = np.random.default_rng(3)
+  for n, check in ((30, False), (45, True), (61, True)):
+    positions = torch.from_numpy(rng.standard_normal((n, 3)).astype(np.float32))
+    ids = torch.from_numpy(np.sort(rng.integers(0, 3, n)))
+    with torch._dynamo.config.patch(error_on_recompile=check):
+      outs, norms = compiled_step(positions, ids)
+    want_outs, want_norms = step(positions, ids)
+    assert torch.equal(outs[0], want_outs[0]) and torch.equal(norms, want_norms)

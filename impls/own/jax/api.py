@@ -116,9 +116,9 @@ def _run(op: str, api_op: str, leaves, layout: SystemLayout, threshold: Threshol
   dtypes = tuple(np.dtype(x.dtype) for x in leaves)
   precise = any(d == np.float64 for d in dtypes)
   host = route == "host" or (route == "auto" and _host_route())
-  segs = layout.segs if layout.segs is not None else ()
-  if host and host_route.is_concrete(leaves, segs, tuple(threshold)):
-    return host_route.eager(api_op, p, nonfinite, layout.num_systems, leaves, segs, threshold)
+  if host and host_route.is_concrete(leaves, layout.segs or (), tuple(threshold)):
+    return host_route.eager(api_op, p, nonfinite, layout.num_systems, leaves, layout.segs,
+                            threshold)
   cfg = Config(op, float(p), nonfinite == "zero", int(layout.num_systems),
                tuple(layout.sorted_flags), precise, dtypes, host, api_op, nonfinite)
   with jax.enable_x64(True):

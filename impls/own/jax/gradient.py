@@ -27,7 +27,7 @@ def clip(cfg: Config, leaves, segs, counts, threshold):
   """(outputs, norms) of the operation ``cfg`` describes."""
   if cfg.host:
     return host_route.traced(cfg.api_op, cfg.p, cfg.nonfinite, cfg.num_systems, leaves,
-                             segs or (), threshold)
+                             segs, threshold)
   result = forward(cfg, leaves, segs, counts, threshold)
   return result.outs, result.norms
 

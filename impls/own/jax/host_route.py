@@ -46,7 +46,8 @@ class CallSpec(NamedTuple):
   num_systems: int
   leaf_shapes: tuple
   leaf_dtypes: tuple  # numpy dtypes
-  segment_shapes: tuple  # empty for clip_grad_norm
+  segment_shapes: tuple
+  has_segments: bool  # a per-system call with ids (possibly of no leaves): else one system
   threshold_size: int
   norms_dtype: np.dtype
 
@@ -70,15 +71,15 @@ def threshold_values(m: np.ndarray, e: np.ndarray, inf: np.ndarray) -> np.ndarra
   return np.where(np.asarray(inf, bool), np.inf, c)
 
 
-def run_kernels(spec: CallSpec, leaves: list[np.ndarray], segments: list[np.ndarray],
+def run_kernels(spec: CallSpec, leaves: list[np.ndarray], segments: list[np.ndarray] | None,
                 c: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
   """The numba kernels on host arrays (outputs into an enclosing ``writing_into``)."""
   if spec.op == "clip_grad_norm":
     return numba_api.clip_grad_norm(leaves, c.reshape(()), norm_type=spec.p,
                                     nonfinite=spec.nonfinite)
   # No segments: one system, which the kernels take as segments=None and a scalar threshold.
-  ids, count = (segments, spec.num_systems) if segments else (None, None)
-  threshold = c if segments else c.reshape(-1)[0]
+  ids, count = (segments, spec.num_systems) if spec.has_segments else (None, None)
+  threshold = c if spec.has_segments else c.reshape(-1)[0]
   if spec.op == "clip_by_max_step":
     return numba_api.clip_by_max_step(leaves, threshold, segments=ids, num_systems=count,
                                       nonfinite=spec.nonfinite)
@@ -100,12 +101,29 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   c = threshold_values(m, e, inf)
   # A traced threshold was never checked: as on the graph route, NaN or negative means 0.
   c = np.where(np.isnan(c) | (c < 0), 0.0, c)
-  outs = [xla_ffi.array_at(int(a), s, d, False)
-          for a, s, d in zip(rets[:nl], spec.leaf_shapes, spec.leaf_dtypes)]
-  with writing_into(outs):
+  with writing_into(_ResultBuffers(rets[:nl], spec)):
     _, norms = run_kernels(spec, leaves, segments, c)
   norms_out = xla_ffi.array_at(int(rets[nl]), (spec.num_systems,), spec.norms_dtype, False)
   norms_out[...] = np.asarray(norms).reshape(-1)
+
+
+class _ResultBuffers:
+  """XLA's result buffers as the kernels' destination: their addresses, and an array only
+  where one is indexed (the kernels index them only to settle near-ties)."""
+
+  def __init__(self, addresses: np.ndarray, spec: CallSpec):
+    self.addresses = np.ascontiguousarray(addresses, dtype=np.int64)
+    self._spec = spec
+
+  def __len__(self) -> int:
+    return len(self.addresses)
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    return xla_ffi.array_at(int(self.addresses[i]), self._spec.leaf_shapes[i],
+                            self._spec.leaf_dtypes[i], False)
+
+  def __iter__(self):
+    return (self[i] for i in range(len(self)))
 
 
 def _spec(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
@@ -114,8 +132,9 @@ def _spec(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
   return CallSpec(op, float(p), nonfinite, int(num_systems),
                   tuple(tuple(int(d) for d in x.shape) for x in leaves),
                   tuple(np.dtype(x.dtype) for x in leaves),
-                  tuple(tuple(int(d) for d in g.shape) for g in segments),
-                  int(np.size(threshold.m)), np.dtype(np.float64 if precise else np.float32))
+                  tuple(tuple(int(d) for d in g.shape) for g in segments or ()),
+                  segments is not None, int(np.size(threshold.m)),
+                  np.dtype(np.float64 if precise else np.float32))
 
 
 def traced(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
@@ -126,7 +145,7 @@ def traced(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments
   results = [jax.ShapeDtypeStruct(s, d) for s, d in zip(spec.leaf_shapes, spec.leaf_dtypes)]
   results.append(jax.ShapeDtypeStruct((spec.num_systems,), spec.norms_dtype))
   call = jax.ffi.ffi_call(TARGET, results, vmap_method="sequential")
-  out = call(jnp.asarray(_key(spec), jnp.int32), *leaves, *segments,
+  out = call(jnp.asarray(_key(spec), jnp.int32), *leaves, *(segments or ()),
              jnp.asarray(threshold.m, jnp.float64).reshape(-1),
              jnp.asarray(threshold.e, jnp.int32).reshape(-1),
              jnp.asarray(threshold.inf, bool).reshape(-1))
@@ -137,10 +156,10 @@ def eager(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
           threshold: Threshold):
   """(outputs, per-system norms) of concrete arrays: the kernels on host views, no graph."""
   precise = any(x.dtype == np.float64 for x in leaves)
-  spec = CallSpec(op, float(p), nonfinite, int(num_systems), (), (), (), 0,
-                  np.dtype(np.float64 if precise else np.float32))
+  spec = CallSpec(op, float(p), nonfinite, int(num_systems), (), (), (), segments is not None,
+                  0, np.dtype(np.float64 if precise else np.float32))
   host = [np.asarray(x) for x in leaves]
-  segs = [np.asarray(g) for g in segments]
+  segs = None if segments is None else [np.asarray(g) for g in segments]
   c = threshold_values(threshold.m, threshold.e, threshold.inf).reshape(-1)
   outs, norms = run_kernels(spec, host, segs, c)
   norms = np.asarray(norms, dtype=spec.norms_dtype).reshape(-1)

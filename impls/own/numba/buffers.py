@@ -101,8 +101,9 @@ _DESTINATION: contextvars.ContextVar[list[np.ndarray] | None] = contextvars.Cont
 def writing_into(outputs: list[np.ndarray]):
   """Within it, the kernels write their output leaves into ``outputs`` (C-contiguous arrays of
   the leaves' shapes and dtypes, not overlapping the inputs) instead of new buffers: how XLA's
-  result buffers (the JAX FFI route) and torch's are filled without a copy."""
-  token = _DESTINATION.set(list(outputs))
+  result buffers (the JAX FFI route) are filled without a copy. A sequence with an
+  ``addresses`` attribute (int64 data addresses) need not make its arrays until indexed."""
+  token = _DESTINATION.set(outputs if hasattr(outputs, "addresses") else list(outputs))
   try:
     yield
   finally:
@@ -117,8 +118,10 @@ def new_outputs(codes: np.ndarray, sizes: np.ndarray,
   if destination is not None:
     if len(destination) != codes.size:
       raise ValueError(f"writing_into: {len(destination)} outputs for {codes.size} leaves")
-    return destination, np.array([address(o) if o.size else 0 for o in destination],
-                                 dtype=np.int64)
+    addresses = getattr(destination, "addresses", None)  # known without making the arrays
+    if addresses is None:
+      addresses = np.array([address(o) if o.size else 0 for o in destination], dtype=np.int64)
+    return destination, addresses
   nl = codes.size
   outs: list[Any] = [None] * nl
   out_addrs = np.zeros(nl, dtype=np.int64)

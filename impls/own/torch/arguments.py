@@ -7,6 +7,7 @@ torch dtype into its name and kind), plus what only torch has: one device for al
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ __all__ = ["check_leaves", "check_threshold", "check_norm_type", "check_nonfinit
            "check_segments"]
 
 
+@functools.cache
 def _dtype_name(dtype: torch.dtype) -> str:
   return str(dtype).removeprefix("torch.")
 
