@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PYTHON312 ?= $(shell for c in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	  $$c -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$c; break; }; done)
 
-.PHONY: venv test report conform bench asv-quick clean-venv
+.PHONY: venv test report conform bench asv-quick gpu-check clean-venv
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found (kups and brainstate need it); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
@@ -31,6 +31,12 @@ conform: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/clipbench bench $(BENCH_ARGS)
+
+# On a CUDA machine: the own torch, Triton and JAX kernels' conformance on the GPU, the CUDA
+# benchmarks and achieved bandwidth against the card's peak (docs/gpu.md); elsewhere one line.
+# No TRITON_INTERPRET here: on a GPU the Triton kernels are compiled.
+gpu-check: $(VENV)/.installed
+	$(BIN)/python -m clipbench.benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -12,8 +12,10 @@ A family is a set of workloads run by the same implementations:
 * ``global``: global L2 norm (W1-model, W4-many-small);
 * ``pnorm``: global p-norm with p = 1, 3, inf (W1-model-p1, -p3, -pinf), for implementations
   accepting any p;
-* ``per_system``: per-system L2 norm with segments (W2-relax, W3-relax-large);
-* ``max_step``: per-system max-step (W2-relax-max-step, W3-relax-large-max-step).
+* ``per_system``: per-system L2 norm with segments (W2-relax, W3-relax-large, W5-many-tiny,
+  W6-one-giant);
+* ``max_step``: per-system max-step (W2-relax-max-step, W3-relax-large-max-step,
+  W5-many-tiny-max-step, W6-one-giant-max-step).
 
 Nothing here imports numpy or a framework: the module is data and string parsing.
 """
@@ -47,8 +49,10 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("global", ("W1-model", "W4-many-small"), "global L2 norm"),
     Family("pnorm", ("W1-model-p1", "W1-model-p3", "W1-model-pinf"), "global p-norm, p != 2"),
-    Family("per_system", ("W2-relax", "W3-relax-large"), "per-system L2 norm (segments)"),
-    Family("max_step", ("W2-relax-max-step", "W3-relax-large-max-step"), "per-system max-step"),
+    Family("per_system", ("W2-relax", "W3-relax-large", "W5-many-tiny", "W6-one-giant"),
+           "per-system L2 norm (segments)"),
+    Family("max_step", ("W2-relax-max-step", "W3-relax-large-max-step", "W5-many-tiny-max-step",
+                        "W6-one-giant-max-step"), "per-system max-step"),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 

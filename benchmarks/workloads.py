@@ -17,13 +17,20 @@ The workloads (scale 1.0):
 * ``W3-relax-large``: as W2 with 20,000 systems.
 * ``W4-many-small``: 10,000 leaves of 100 elements (``clip_grad_norm``): per-leaf overhead.
 * ``W2-relax-max-step``, ``W3-relax-large-max-step``: ``clip_by_max_step`` on the W2/W3 leaves.
+* ``W5-many-tiny``: as W2 with 100,000 systems of 2-8 atoms (small molecules batched for a
+  relaxation): per-system overhead, not bandwidth, unless it is kept to a few nanoseconds.
+* ``W6-one-giant``: one system of 4,000,000 atoms, positions ``(n, 3)`` with ``segments`` all
+  zero and a ``(1, 3, 3)`` cell, ``num_systems=1``: a per-system call whose work is one run.
+* ``W5-many-tiny-max-step``, ``W6-one-giant-max-step``: ``clip_by_max_step`` on those leaves.
 
 Every threshold is chosen so that clipping happens: half the global norm for W1/W4, the median
-system norm (or step norm) for W2/W3, so about half of the systems are clipped and half are
-returned unchanged, and both branches are timed.
+system norm (or step norm) for W2/W3/W5, so about half of the systems are clipped and half are
+returned unchanged, and both branches are timed; half the norm (or step norm) of W6's one
+system, so it is clipped.
 
 ``scale`` shrinks a workload linearly (total elements, number of leaves of W4, number of
-systems of W2/W3) for smoke tests; ``scale=1`` is the size the targets are stated for.
+systems of W2/W3/W5, atoms of W6) for smoke tests; ``scale=1`` is the size the targets are
+stated for.
 
 Definitions are append-only: asv compares results across commits by workload name, so a
 changed workload must get a new name.
@@ -55,6 +62,9 @@ _SMALL_LEAF_SIZE = 100
 _RELAX_SYSTEMS = 2_000
 _RELAX_LARGE_SYSTEMS = 20_000
 _ATOMS_RANGE = (10, 500)  # inclusive
+_TINY_SYSTEMS = 100_000
+_TINY_ATOMS_RANGE = (2, 8)  # inclusive
+_GIANT_ATOMS = 4_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,11 +201,14 @@ def build_many_small(scale: float, dtype: str, seed: int) -> WorkloadInputs:
   return WorkloadInputs(leaves, 0.5 * _p_norm(leaves, 2.0))
 
 
-def _relax_leaves(num_systems: int, dtype: str, seed: int
+def _relax_leaves(num_systems: int, dtype: str, seed: int,
+                  atoms_range: tuple[int, int] = _ATOMS_RANGE
                   ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+  """Positions (n, 3) and cell (S, 3, 3) of ``num_systems`` systems of ``atoms_range`` atoms
+  (inclusive; one number of atoms when both ends are equal), and their sorted segments."""
   np_dtype = numpy_dtype(dtype)
   rng = np.random.default_rng(seed)
-  atoms = rng.integers(_ATOMS_RANGE[0], _ATOMS_RANGE[1] + 1, num_systems)
+  atoms = rng.integers(atoms_range[0], atoms_range[1] + 1, num_systems)
   atom_system = np.repeat(np.arange(num_systems, dtype=np.int64), atoms)
   # Update steps of a relaxation: about 0.05 A per coordinate, the size varying by system
   # (some systems are nearly converged), so per-system norms spread over two decades.
@@ -211,31 +224,45 @@ def _system_row_offsets(segment: np.ndarray, num_systems: int) -> np.ndarray:
   return np.searchsorted(segment, np.arange(num_systems))
 
 
-def build_relax(scale: float, dtype: str, seed: int, *, num_systems: int) -> WorkloadInputs:
-  """W2/W3: per-system global L2; threshold the median system norm."""
+def build_relax(scale: float, dtype: str, seed: int, *, num_systems: int,
+                atoms_range: tuple[int, int] = _ATOMS_RANGE) -> WorkloadInputs:
+  """W2/W3/W5: per-system global L2; threshold the median system norm."""
   systems = _scaled_count(num_systems, scale)
-  (positions, cell), segments = _relax_leaves(systems, dtype, seed)
+  (positions, cell), segments = _relax_leaves(systems, dtype, seed, atoms_range)
   pos_sq = np.sum(positions.astype(np.float64) ** 2, axis=1)
   cell_sq = np.sum(cell.astype(np.float64) ** 2, axis=(1, 2))
   norms = np.sqrt(np.bincount(segments[0], weights=pos_sq, minlength=systems) + cell_sq)
   return WorkloadInputs((positions, cell), float(np.median(norms)), segments, systems)
 
 
-def build_relax_max_step(scale: float, dtype: str, seed: int, *,
-                         num_systems: int) -> WorkloadInputs:
-  """Max-step on the W2/W3 leaves; threshold the median system step norm."""
+def build_relax_max_step(scale: float, dtype: str, seed: int, *, num_systems: int,
+                         atoms_range: tuple[int, int] = _ATOMS_RANGE) -> WorkloadInputs:
+  """Max-step on the W2/W3/W5 leaves; threshold the median system step norm."""
   systems = _scaled_count(num_systems, scale)
-  (positions, cell), segments = _relax_leaves(systems, dtype, seed)
+  (positions, cell), segments = _relax_leaves(systems, dtype, seed, atoms_range)
   pos_steps = np.sqrt(np.sum(positions.astype(np.float64) ** 2, axis=1))
-  # Systems are sorted and contiguous with at least 10 atoms, so reduceat sees no empty slice.
+  # Systems are sorted and contiguous with at least 2 atoms, so reduceat sees no empty slice.
   pos_max = np.maximum.reduceat(pos_steps, _system_row_offsets(segments[0], systems))
   cell_max = np.max(np.sqrt(np.sum(cell.astype(np.float64) ** 2, axis=2)), axis=1)
   steps = np.maximum(pos_max, cell_max)
   return WorkloadInputs((positions, cell), float(np.median(steps)), segments, systems)
 
 
-def _mean_relax_elements(num_systems: int) -> int:
-  return num_systems * (3 * sum(_ATOMS_RANGE) // 2 + 9)
+def build_giant(scale: float, dtype: str, seed: int, *, step: bool) -> WorkloadInputs:
+  """W6: one system of 4,000,000 * scale atoms (segments all zero, ``num_systems=1``);
+  threshold half its norm, or half its step norm for max-step, so the system is clipped."""
+  atoms = _scaled_count(_GIANT_ATOMS, scale)
+  (positions, cell), segments = _relax_leaves(1, dtype, seed, (atoms, atoms))
+  if step:
+    size = max(float(np.max(np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=-1))))
+               for x in (positions, cell))
+  else:
+    size = _p_norm((positions, cell), 2.0)
+  return WorkloadInputs((positions, cell), 0.5 * size, segments, 1)
+
+
+def _mean_relax_elements(num_systems: int, atoms_range: tuple[int, int] = _ATOMS_RANGE) -> int:
+  return num_systems * (3 * sum(atoms_range) // 2 + 9)
 
 
 def _model(name: str, p: float, label: str) -> Workload:
@@ -246,13 +273,22 @@ def _model(name: str, p: float, label: str) -> Workload:
       full_elements=_MODEL_ELEMENTS)
 
 
-def _relax(name: str, op: str, systems: int, seed: int, what: str) -> Workload:
+def _relax(name: str, op: str, systems: int, seed: int, what: str,
+           atoms_range: tuple[int, int] = _ATOMS_RANGE) -> Workload:
   build = build_relax if op == "clip_by_global_norm" else build_relax_max_step
+  low, high = atoms_range
   return Workload(
       name, op,
-      f"{what}: {systems:,} systems of 10-500 atoms, positions (n,3) + cell (S,3,3)",
-      functools.partial(build, num_systems=systems), seed=seed, per_system=True,
-      full_elements=_mean_relax_elements(systems))
+      f"{what}: {systems:,} systems of {low}-{high} atoms, positions (n,3) + cell (S,3,3)",
+      functools.partial(build, num_systems=systems, atoms_range=atoms_range), seed=seed,
+      per_system=True, full_elements=_mean_relax_elements(systems, atoms_range))
+
+
+def _giant(name: str, op: str, what: str) -> Workload:
+  return Workload(
+      name, op, f"{what}: one system of {_GIANT_ATOMS:,} atoms, positions (n,3) + cell (1,3,3)",
+      functools.partial(build_giant, step=op == "clip_by_max_step"), seed=6, per_system=True,
+      full_elements=3 * _GIANT_ATOMS + 9)
 
 
 WORKLOADS: tuple[Workload, ...] = (
@@ -267,6 +303,12 @@ WORKLOADS: tuple[Workload, ...] = (
     _relax("W2-relax-max-step", "clip_by_max_step", _RELAX_SYSTEMS, 2, "per-system max-step"),
     _relax("W3-relax-large-max-step", "clip_by_max_step", _RELAX_LARGE_SYSTEMS, 3,
            "per-system max-step"),
+    _relax("W5-many-tiny", "clip_by_global_norm", _TINY_SYSTEMS, 5, "per-system L2",
+           _TINY_ATOMS_RANGE),
+    _relax("W5-many-tiny-max-step", "clip_by_max_step", _TINY_SYSTEMS, 5, "per-system max-step",
+           _TINY_ATOMS_RANGE),
+    _giant("W6-one-giant", "clip_by_global_norm", "per-system L2"),
+    _giant("W6-one-giant-max-step", "clip_by_max_step", "per-system max-step"),
 )
 
 NAMES: tuple[str, ...] = tuple(w.name for w in WORKLOADS)

@@ -13,6 +13,8 @@ The figures and verdicts come from the report's own functions (``reports.tables`
 
 from __future__ import annotations
 
+import math
+
 import os
 from typing import Any, Mapping
 
@@ -25,6 +27,7 @@ MEDIAN, IQR, ROUNDS = "median\nlower\nis\nbetter", "IQR", "rounds"
 GBS = "GB/s\nhigher\nis\nbetter"
 ROOFLINE = "roofline\nratio\nlower\nis\nbetter"
 VS_FASTEST = "vs\nfastest\nlibrary\nhigher\nis\nbetter"
+VS_PEER = "time vs\nits\nframe-\nwork's\nfastest\nlower\nis\nbetter"
 # Below this many columns the kind and the bandwidth (the roofline ratio says the same) are left
 # out, so that the name, the numbers and the verdict keep their width.
 FULL_TABLE_WIDTH = 100
@@ -82,7 +85,11 @@ def print_performance(run: Any, verdicts: Mapping[str, tuple[str, str]]) -> None
     # A name stays whole (it is what a reader copies); a verdict wraps at its words, and the
     # numbers and headers make the room.
     table.add_column("implementation", no_wrap=True, min_width=int(group["impl"].str.len().max()))
-    numbers = (MEDIAN, IQR, ROUNDS, *((GBS,) if full else ()), ROOFLINE, VS_FASTEST)
+    # Our own implementations against their framework's fastest library or baseline, where
+    # the terminal has room (the report always shows it).
+    peer = full and group.get("time_vs_framework_peer", group["median_s"] * math.nan).notna().any()
+    numbers = (MEDIAN, IQR, ROUNDS, *((GBS,) if full else ()), ROOFLINE, VS_FASTEST,
+               *((VS_PEER,) if peer else ()))
     for column in (("kind",) if full else ()) + numbers:
       table.add_column(column, justify="left" if column == "kind" else "right")
     table.add_column("conformance", overflow="fold", min_width=VERDICT_MIN_WIDTH)
@@ -92,7 +99,8 @@ def print_performance(run: Any, verdicts: Mapping[str, tuple[str, str]]) -> None
       cells = {MEDIAN: f"[bold]{median}[/]" if r["median_s"] == fastest else median,
                IQR: fmt_seconds(r["iqr_s"]), ROUNDS: fmt_count(r["rounds"]),
                GBS: fmt_number(r["gbs"]), ROOFLINE: fmt_number(r["roofline_ratio"]),
-               VS_FASTEST: fmt_number(r["speedup_vs_best_library"], 3, "x")}
+               VS_FASTEST: fmt_number(r["speedup_vs_best_library"], 3, "x"),
+               VS_PEER: fmt_number(r.get("time_vs_framework_peer", math.nan), 3, "x")}
       table.add_row(r["impl"], *((r["kind"],) if full else ()), *(cells[c] for c in numbers),
                     _verdict_markup(*verdicts.get(r["impl"], NOT_CHECKED)))
     console.print(table)

@@ -39,6 +39,7 @@ RULES: Mapping[int, str] = types.MappingProxyType({
     11: "Batch invariance",
     12: "Inputs are not modified",
     13: "Bad segments",
+    14: "Sharded leaves: the bits of the unsharded call",
 })
 
 

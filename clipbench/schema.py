@@ -28,6 +28,14 @@ CONFORMANCE_COLUMNS: tuple[str, ...] = (
     "severity", "max_ulp_error", "norm_ulp_error", "observed", "reason", "reproducer", "test_id",
     "duration_s")
 
+# Rule 14 (a sharded call gives the unsharded call's bits): its rows carry the largest
+# difference between the two in ``max_ulp_error`` (outputs) and ``norm_ulp_error`` (norms), and
+# ``observed`` holds each marker below exactly when it is true; the report's sharding column
+# reads them (identical bits, or the ulp difference and whether a decision or the bound changed).
+SHARDING_RULE = 14
+SHARDING_DECISION_CHANGED = "decision changed"  # a system clipped in one run, kept in the other
+SHARDING_BOUND_BROKEN = "bound broken"  # the sharded output's exact norm exceeds the threshold
+
 # One row per pytest-benchmark benchmark; ``iqr_s`` is its interquartile range (pytest-benchmark's
 # ``stats.iqr``), the spread the report prints beside each median.
 BENCHMARK_COLUMNS: tuple[str, ...] = (

@@ -8,6 +8,7 @@ the suite loads each one as (``test_suite_catches_broken.py`` checks it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -282,6 +283,49 @@ class RaisesForEmpty(_Broken):
 
 
 raises_for_empty = RaisesForEmpty()
+
+
+class PerShardNorm(_Broken):
+  """Clips each shard by the norm of its own rows (a norm read from the local shard, as
+  DTensor norms did in pytorch/pytorch#170862): exact on one device, wrong when sharded."""
+
+  caught_by = 14
+  framework = "jax"
+  # Called eagerly (no "jit"): it reads each leaf's placement from the concrete jax.Array.
+  capabilities = dataclasses.replace(_CAPS, dtypes=("float16", "bfloat16", "float32"))
+
+  def apply(self, op, leaves, threshold, **kw):
+    import jax  # pylint: disable=import-outside-toplevel
+    segments = kw.get("segments")
+    host = dict(kw, segments=None if segments is None else [np.asarray(s) for s in segments])
+    values = [np.asarray(x) for x in leaves]
+    devices = sorted({d for x in leaves for d in x.sharding.device_set}, key=lambda d: d.id)
+    if len(devices) < 2:
+      out, norms = getattr(reference, op)(values, threshold, **host)
+      return [jax.numpy.asarray(y) for y in out], jax.numpy.asarray(norms)
+    out = [np.empty_like(x) for x in values]
+    norms = None
+    for device in reversed(devices):  # the first device's rows and norm are written last
+      local = [_local_rows(x, device) for x in leaves]
+      local_kw = dict(host, segments=None if segments is None else [
+          s[rows] for s, rows in zip(host["segments"], local)])
+      part, part_norms = getattr(reference, op)([x[rows] for x, rows in zip(values, local)],
+                                                threshold, **local_kw)
+      for y, piece, rows in zip(out, part, local):
+        y[rows] = piece
+      norms = part_norms
+    return [jax.numpy.asarray(y) for y in out], jax.numpy.asarray(norms)
+
+
+def _local_rows(x, device) -> slice:
+  """The rows of ``x`` that ``device`` holds (none when it holds no shard of ``x``)."""
+  for shard in x.addressable_shards:
+    if shard.device == device:
+      return shard.index[0] if x.ndim else slice(None)
+  return slice(0, 0)
+
+
+per_shard_norm = PerShardNorm()
 
 
 # The rule that must catch each one, by the name the suite loads it as.

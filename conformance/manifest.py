@@ -19,7 +19,7 @@ import os
 import tomllib
 from typing import Iterable
 
-from clipbench.protocol import OPS
+from clipbench.protocol import OPS, RULES
 from clipbench.schema import SEVERITIES
 
 MANIFEST_PATH = os.path.join(os.path.dirname(__file__), "deviations.toml")
@@ -61,8 +61,9 @@ def _entry(path: str, number: int, entry: dict) -> Deviation:
         "observed" in unknown) else ""
     raise ValueError(f"{where} has unknown keys {sorted(unknown)}{hint}")
   rule = entry["rule"]
-  if not (isinstance(rule, int) and 1 <= rule <= 13) and rule != "transform":
-    raise ValueError(f"{where}: rule must be 1-13 or \"transform\", got {rule!r}")
+  if not (isinstance(rule, int) and rule in RULES) and rule != "transform":
+    raise ValueError(f"{where}: rule must be {min(RULES)}-{max(RULES)} or \"transform\", "
+                     f"got {rule!r}")
   severity = entry["severity"]
   if severity not in SEVERITIES:
     raise ValueError(f"{where}: severity must be one of {', '.join(SEVERITIES)}, "

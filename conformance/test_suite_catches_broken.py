@@ -13,8 +13,10 @@ from clipbench.conformance import broken, rules
 from clipbench.conformance import test_bad_input as bad_input
 from clipbench.conformance import test_batch_invariance as batch_invariance
 from clipbench.conformance import test_inputs as inputs_tests
+from clipbench.conformance import test_sharding as sharding_tests
 from clipbench.conformance.cases import cases_for
 from clipbench.conformance.running import SESSION, not_applicable
+from clipbench.conformance.sharding.checks import NotApplicable
 from clipbench.impls import registry
 
 
@@ -33,9 +35,22 @@ def _checks(impl, op, rule):
       if reason is None:
         yield name, lambda case=case: inputs_tests.verify_not_modified(
             impl, op, SESSION.inputs(case, op))
+  if rule == 14:
+    for name, _, reason, _ in sharding_tests.sharding_cases(impl, op):
+      if reason is None:
+        yield name, lambda name=name: _applicable_only(
+            lambda: sharding_tests.verify(impl, op, name))
   for name, bad, reason, _ in bad_input.bad_inputs(rule)(impl, op):
     if reason is None:
       yield name, lambda bad=bad: bad_input.verify_rejected(impl, op, bad)
+
+
+def _applicable_only(check):
+  """Runs ``check``; a layout the engine cannot express is no violation (nor a pass)."""
+  try:
+    return check()
+  except NotApplicable:
+    return None
 
 
 def first_violation(impl, rule):

@@ -91,15 +91,18 @@ _CPU = ("cpu",)
 _CPU_CUDA = ("cpu", "cuda")
 
 # First calls of more than ~10 s in every process on a CPU (a 2-core machine, jax 0.12).
-_SLOW_OWN_JAX = tuple(
-    (w, "our exact JAX kernel compiles for about a minute per 200 leaves (W1), far longer for "
+_SLOW_JAX_GRAPH = tuple(
+    (w, "the exact XLA graph compiles for about a minute per 200 leaves (W1), far longer for "
      "W4's 10,000") for w in ("W1-model", "W1-model-p1", "W1-model-p3", "W1-model-pinf",
                               "W4-many-small"))
 _SLOW_KUPS_W4 = (("W4-many-small", "its eager call takes 17 s on W4's 10,000 leaves (jitted, "
                   "XLA does not compile them within 8 minutes)"),)
 _SLOW_PER_EXAMPLE = tuple(
-    (w, "the adapter makes one call per system (a batch of one example each), 2,000 on W2 and "
-     "20,000 on W3") for w in ("W2-relax", "W3-relax-large"))
+    (w, "the adapter makes one call per system (a batch of one example each), 2,000 on W2, "
+     "20,000 on W3 and 100,000 on W5") for w in ("W2-relax", "W3-relax-large", "W5-many-tiny"))
+_SLOW_TORCH_SIM = (
+    ("W5-many-tiny", "a call takes about 2 s on W5's 100,000 systems"),
+    ("W6-one-giant", "a call takes about 8 s on W6's 4M atoms"))
 _SLOW_KERAS_W4 = (("W4-many-small", "each call builds an optimizer over 10,000 variables: about 9 s "
                    "a call here"),)
 _SLOW_BRAINSTATE_W4 = (("W4-many-small", "its first call compiles for 16 s on W4's 10,000 "
@@ -126,7 +129,10 @@ BUILTIN: tuple[Entry, ...] = (
           "exact rational/mpmath reference; it is the spec", framework="numpy"),
     # Our own implementations (issue: fully conformant, batch-invariant, at the roofline).
     _own("clipbench.jax", "clipbench.impls.own.jax:implementation", "jax", "jax",
-         "jit-compiled JAX/XLA", devices=_CPU, slow=_SLOW_OWN_JAX),
+         "JAX: the numba kernels through XLA FFI on the CPU, inside jax.jit", devices=_CPU),
+    _own("clipbench.jax-xla", "clipbench.impls.own.jax:xla_graph", "jax", "jax",
+         "JAX: the exact XLA graph (the route of other backends), on the CPU", devices=_CPU,
+         slow=_SLOW_JAX_GRAPH),
     _own("clipbench.numba", "clipbench.impls.own.numba:implementation", "numba",
          "numpy", "compiled CPU kernel, parallel over systems", devices=_CPU),
     _own("clipbench.torch", "clipbench.impls.own.torch:eager", "torch", "torch",
@@ -200,12 +206,16 @@ BUILTIN: tuple[Entry, ...] = (
              "ase.optimize.FIRE(atoms, dt=1, maxstep).step(): whole-step L2 cap, one Atoms"),
     _adapter("torch_sim.fire_step.ase_fire", "torch_sim_adapter:ase_fire", "torch-sim-atomistic",
              "torch", "torch_sim fire_step(fire_flavor='ase_fire') per system on a SimState",
-             families=frozenset({"global", "per_system"})),
+             families=frozenset({"global", "per_system"}), slow=_SLOW_TORCH_SIM),
     # Plain code a user would write first: the speed bar of issue 4 on W2/W3, timed on those
     # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
           "baseline", "plain jax.ops.segment_sum / segment_max clipping under jax.jit",
           framework="jax", families=_PER_SYSTEM),
+    # Its torch twin, eager: the bar of the own torch kernels on W2/W3 and max-step (issue 17).
+    Entry("baseline.torch-index-add", "clipbench.impls.baselines.torch_index_add", "torch",
+          "baseline", "plain torch index_add_ / scatter_reduce_ clipping, eager",
+          framework="torch", devices=_CPU_CUDA, families=_PER_SYSTEM),
 )
 
 
@@ -311,6 +321,11 @@ def names() -> list[str]:
 def kind_of(name: str) -> str:
   """The kind of the registered implementation ``name`` (``"outside"`` if unregistered)."""
   return next((e.kind for e in all_entries() if e.name == name), "outside")
+
+
+def framework_of(name: str) -> str:
+  """The framework of the registered implementation ``name`` (``""`` if unregistered)."""
+  return next((e.framework for e in all_entries() if e.name == name), "")
 
 
 def load(spec: str) -> Implementation:

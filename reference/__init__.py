@@ -2,6 +2,12 @@
 
 Functions are named exactly like the canonical API (as ``jax._src.lax_reference`` names its
 functions like the primitives) and work on numpy arrays; see ``SPEC.md`` beside this file.
+
+Rule 14 (sharded leaves give the unsharded call's bits) holds for the reference trivially:
+it runs in one process on numpy arrays, which have no shards, and it computes every norm
+exactly (rationals, then one correct rounding), so no order of partial sums exists that a
+split could change. (The suite holds each implementation's sharded result against that same
+implementation's unsharded call; rules 1-10 hold the unsharded call against this reference.)
 """
 
 from clipbench.reference.clipping import (clip_by_global_norm, clip_by_max_step, clip_grad_norm,

@@ -16,7 +16,7 @@ import hashlib
 import math
 import os
 import shutil
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -197,6 +197,26 @@ class _Footnotes:
 
 # --- sections --------------------------------------------------------------------------------
 
+def sharding_cell(record: Any) -> Cell:
+  """Rule 14 for one implementation: identical bits, or how far and what changed."""
+  cases = int(record["sharding_cases"])
+  if not cases:
+    return Cell("not run", css="st-na",
+                title="no rule-14 case ran: no sharded engine checked, or none applies")
+  identical = int(record["sharding_identical"])
+  if identical == cases:
+    return Cell(f"identical bits ({cases} cases)", css="st-pass")
+  parts = [f"{cases - identical} of {cases} cases differ",
+           f"up to {fmt_ulp(record['sharding_max_ulp'])} ulp"]
+  if not math.isnan(record["sharding_norm_ulp"]):
+    parts[-1] += f" (norm {fmt_ulp(record['sharding_norm_ulp'])})"
+  changed, broken = int(record["sharding_decision_changed"]), int(record["sharding_bound_broken"])
+  parts.append(f"decision changed in {changed}" if changed else "no decision changed")
+  parts.append(f"bound broken in {broken}" if broken else "bound held")
+  return Cell("; ".join(parts), css="st-deviation",
+              title="sharded against the same call on unsharded leaves (SPEC rule 14)")
+
+
 def _count_cell(cases: int, entries: int, cls: str) -> Cell:
   if not cases:
     return Cell("0", css="num zero")
@@ -237,7 +257,7 @@ def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
         Cell(str(r["pass"]), css="num"), Cell(str(r["deviation"]), css="num"),
         Cell(str(r["fail"]), css="num"), Cell(str(r["not_applicable"]), css="num"),
         Cell(fmt_ulp(r["max_ulp_error"]), css="num"), Cell(mixed_text, css="num"),
-        *(Cell(fmt_number(r[f"roofline {g}"]), css="num") for g in groups)))
+        sharding_cell(r), *(Cell(fmt_number(r[f"roofline {g}"]), css="num") for g in groups)))
   group_headers = tuple(
       Cell(f"roofline ratio, {g} (geomean, lower is better)",
            title=f"over {tables.describe_keys(sets[g]) or 'no workload every implementation ran'}")
@@ -257,6 +277,8 @@ def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
            + (f" ({over})." if over else ".")),
       Table(("implementation", "kind", "version", "verdict", "pass", "deviation", "fail",
              "n/a", "max ulp error (one dtype)", "max ulp error (mixed dtypes)",
+             Cell("sharding", title="SPEC rule 14: sharded leaves against the same call on "
+                                    "unsharded leaves, bit for bit"),
              *group_headers), tuple(rows)),
   ]
 
@@ -371,7 +393,9 @@ def _performance_section(performance: pd.DataFrame, bench: results.BenchmarkRun 
            "write to scale: `3 x bytes of the leaves`; higher is better), the roofline ratio "
            "(median time over that traffic at the copy bandwidth measured in the same run; 1 "
            "is the bound, lower is better), the speed-up over the fastest library adapter on "
-           "the same workload and dtype (above 1: faster than every library) and, beside "
+           "the same workload and dtype (above 1: faster than every library), for our own "
+           "implementations their time over the fastest library or baseline of their framework "
+           "(JAX, torch; at most 1: as fast as what that framework's users have) and, beside "
            "every timing, the implementation's conformance verdict: a fast result that is "
            "wrong is not a result.")]
   if bench is None or performance.empty:
@@ -396,12 +420,15 @@ def _performance_section(performance: pd.DataFrame, bench: results.BenchmarkRun 
           Cell(fmt_number(r["gbs"]), css="num"),
           Cell(fmt_number(r["roofline_ratio"]), css="num"),
           Cell(fmt_number(r["speedup_vs_best_library"], 3, "×"), css="num"),
+          Cell(fmt_number(r.get("time_vs_framework_peer", math.nan), 3, "×"), css="num"),
           verdicts.get(r["impl"], unknown)))
     blocks.append(Table(("implementation", "kind", "dtype",
                          *(("device",) if several_devices else ()),
                          "median time (lower is better)", "IQR", "rounds",
                          "GB/s (higher is better)", "roofline ratio (lower is better)",
-                         "speed-up vs fastest library (higher is better)", "conformance"),
+                         "speed-up vs fastest library (higher is better)",
+                         "own: time vs its framework's fastest library or baseline (lower is "
+                         "better)", "conformance"),
                         tuple(rows)))
   figures = plots.time_vs_size(performance, family)
   bars = plots.roofline_bars(performance)

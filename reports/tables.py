@@ -15,6 +15,10 @@
   workloads, the geometric mean of its roofline ratios over the workloads every implementation
   of that group ran (the performance table itself is ``clipbench.benchmarks.roofline.summarize``,
   the one definition shared with ``clipbench bench``).
+* Sharding (rule 14): per implementation, the cases run on sharded leaves, how many gave the
+  unsharded call's bits, the largest differences in ulp and the cases where a clip decision
+  changed or the strict bound broke. Rule 14's ulp columns measure sharded against unsharded,
+  not against the reference, so the accuracy table and the summary's ulp errors leave them out.
 * Divergence catalogue: one row per manifest entry seen (implementation, op, rule, reason,
   severity) or per unlisted failure group, with its case count and one reproducer.
 
@@ -30,7 +34,8 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from clipbench.schema import SEVERITIES
+from clipbench.schema import (SEVERITIES, SHARDING_BOUND_BROKEN, SHARDING_DECISION_CHANGED,
+                              SHARDING_RULE)
 
 KIND_ORDER: tuple[str, ...] = ("reference", "own", "library", "baseline", "outside")
 DTYPE_ORDER: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
@@ -169,10 +174,21 @@ def within_mixed_allowance(dtype: str, max_ulp_error: float) -> bool:
   return is_mixed_dtype(dtype) and max_ulp_error > MIXED_ALLOWANCE_ULP
 
 
+def is_sharding_row(rules: pd.Series) -> pd.Series:
+  """Rows of rule 14, whose ulp columns hold sharded-against-unsharded differences."""
+  return rules.astype(str) == str(SHARDING_RULE)
+
+
+def against_reference(conformance: pd.DataFrame) -> pd.DataFrame:
+  """The rows whose ulp columns measure an implementation against the reference."""
+  return conformance[~is_sharding_row(conformance["rule"])]
+
+
 def accuracy_table(conformance: pd.DataFrame) -> pd.DataFrame:
   """Long table: impl, op, dtype, the largest output and norm ulp errors, cases measured, and
   whether the output error is dominated by rule 4's mixed-dtype allowance."""
-  measured = conformance.dropna(subset=["max_ulp_error", "norm_ulp_error"], how="all")
+  measured = against_reference(conformance).dropna(subset=["max_ulp_error", "norm_ulp_error"],
+                                                   how="all")
   frame = (measured.groupby(["impl", "op", "dtype"], sort=False)
            .agg(max_ulp_error=("max_ulp_error", "max"), norm_ulp_error=("norm_ulp_error", "max"),
                 cases=("outcome", "size")).reset_index())
@@ -222,6 +238,33 @@ def severity_table(conformance: pd.DataFrame) -> pd.DataFrame:
     out.append(record)
   return pd.DataFrame(out, columns=["impl", *(c for cls in SEVERITY_CLASSES
                                              for c in (cls, f"{cls} entries"))])
+
+
+SHARDING_COLUMNS: tuple[str, ...] = (
+    "sharding_cases", "sharding_identical", "sharding_max_ulp", "sharding_norm_ulp",
+    "sharding_decision_changed", "sharding_bound_broken")
+
+
+def sharding_table(conformance: pd.DataFrame) -> pd.DataFrame:
+  """Per implementation (in summary order), rule 14: cases run on sharded leaves (not-applicable
+  ones apart), cases with the unsharded call's bits, the largest output and norm differences
+  in ulp (NaN when none was measured), and the cases whose observation carries
+  ``clipbench.schema``'s decision and bound markers."""
+  rows = conformance[is_sharding_row(conformance["rule"])]
+  out = []
+  for impl in implementations(conformance)["impl"]:
+    ran = rows[(rows["impl"] == impl) & (rows["outcome"] != "not-applicable")]
+    observed = ran["observed"].astype(str)
+    out.append({
+        "impl": impl, "sharding_cases": len(ran),
+        "sharding_identical": int(ran["outcome"].isin(("pass", "unexpected-pass")).sum()),
+        "sharding_max_ulp": ran["max_ulp_error"].max(),
+        "sharding_norm_ulp": ran["norm_ulp_error"].max(),
+        "sharding_decision_changed": int(observed.str.contains(SHARDING_DECISION_CHANGED,
+                                                               regex=False).sum()),
+        "sharding_bound_broken": int(observed.str.contains(SHARDING_BOUND_BROKEN,
+                                                           regex=False).sum())})
+  return pd.DataFrame(out, columns=["impl", *SHARDING_COLUMNS])
 
 
 def verdict(outcomes: pd.Series, severities: pd.Series) -> tuple[str, str]:
@@ -343,8 +386,8 @@ def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame 
   is over single-dtype cases and ``max_ulp_error_mixed`` over mixed-dtype ones (rule 4 allows
   these up to about 2**31 float64 ulps); ``roofline <group>`` is the geometric mean of its
   roofline ratios over that group's common workloads (:func:`comparison_sets`), NaN when it
-  ran none of them. Implementations that were only benchmarked get the verdict
-  ``not checked``.
+  ran none of them; the ``sharding_*`` columns are :func:`sharding_table`'s. Implementations
+  that were only benchmarked get the verdict ``not checked``.
   """
   listed = implementations(conformance)
   sets = comparison_sets(performance, group_of) if performance is not None else {}
@@ -355,18 +398,26 @@ def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame 
     listed = pd.concat([listed, extra], ignore_index=True)
     listed["_rank"] = listed["kind"].map(kind_rank)
     listed = listed.sort_values(["_rank"], kind="stable").drop(columns="_rank")
+  sharding = sharding_table(conformance).set_index("impl")
   rows = []
   for _, impl in listed.iterrows():
     mine = conformance[conformance["impl"] == impl["impl"]]
     counts = mine["outcome"].value_counts()
     phrase, worst = verdict(mine["outcome"], mine["severity"])
-    mixed = mine["dtype"].map(is_mixed_dtype)
+    accuracy = against_reference(mine)
+    mixed = accuracy["dtype"].map(is_mixed_dtype)
     record = {**impl.to_dict(), "verdict": phrase, "worst": worst,
               "pass": int(counts.get("pass", 0)), "deviation": int(counts.get("deviation", 0)),
               "fail": int(sum(counts.get(o, 0) for o in FAILING)),
               "not_applicable": int(counts.get("not-applicable", 0)),
-              "max_ulp_error": mine.loc[~mixed, ["max_ulp_error", "norm_ulp_error"]].max().max(),
-              "max_ulp_error_mixed": mine.loc[mixed, "max_ulp_error"].max()}
+              "max_ulp_error": accuracy.loc[~mixed, ["max_ulp_error",
+                                                     "norm_ulp_error"]].max().max(),
+              "max_ulp_error_mixed": accuracy.loc[mixed, "max_ulp_error"].max()}
+    if impl["impl"] in sharding.index:
+      record.update(sharding.loc[impl["impl"]].to_dict())
+    else:
+      record.update({c: 0 if c.endswith(("cases", "identical", "changed", "broken")) else
+                     math.nan for c in SHARDING_COLUMNS})
     for group, keys in sets.items():
       ratios = performance[performance["impl"] == impl["impl"]]
       common = np.array([k in set(keys) for k in
@@ -376,7 +427,7 @@ def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame 
   return pd.DataFrame(rows, columns=[
       "impl", "kind", "library", "version", "framework", "verdict", "worst", "pass",
       "deviation", "fail", "not_applicable", "max_ulp_error", "max_ulp_error_mixed",
-      *(f"roofline {g}" for g in sets)])
+      *SHARDING_COLUMNS, *(f"roofline {g}" for g in sets)])
 
 
 def performance_with_spread(performance: pd.DataFrame, benchmarks: pd.DataFrame) -> pd.DataFrame:

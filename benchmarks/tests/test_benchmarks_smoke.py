@@ -31,6 +31,10 @@ def _system_norms(inputs: workloads.WorkloadInputs) -> np.ndarray:
   return np.sqrt(sq)
 
 
+# Atoms per system of the per-system workloads other than W2/W3's 10-500.
+_ATOMS_PER_SYSTEM = {"W5": (2, 8), "W6": (1, 4_000_000)}
+
+
 @pytest.mark.parametrize("dtype", workloads.DTYPES)
 @pytest.mark.parametrize("name", workloads.NAMES)
 def test_workload_builds_valid_inputs(name: str, dtype: str) -> None:
@@ -49,7 +53,8 @@ def test_workload_builds_valid_inputs(name: str, dtype: str) -> None:
     assert seg_pos.shape == (positions.shape[0],) and seg_pos.dtype.kind == "i"
     assert seg_pos.min() == 0 and seg_pos.max() == s - 1 and np.all(np.diff(seg_pos) >= 0)
     counts = np.bincount(seg_pos, minlength=s)
-    assert counts.min() >= 10 and counts.max() <= 500
+    low, high = _ATOMS_PER_SYSTEM.get(name.split("-")[0], (10, 500))
+    assert counts.min() >= low and counts.max() <= high
     np.testing.assert_array_equal(seg_cell, np.arange(s))
   else:
     assert inputs.segments is None and inputs.num_systems is None
@@ -67,6 +72,14 @@ def test_global_thresholds_clip_and_per_system_thresholds_split() -> None:
   relax = workloads.get("W2-relax").build(0.01)
   norms = _system_norms(relax)
   assert 0 < np.sum(norms > relax.threshold) < relax.num_systems
+  tiny = workloads.get("W5-many-tiny").build(0.01)
+  assert 0.4 < np.mean(_system_norms(tiny) > tiny.threshold) < 0.6
+  giant = workloads.get("W6-one-giant").build(TINY)
+  assert giant.num_systems == 1 and not giant.segments[0].any()
+  assert giant.threshold == pytest.approx(_system_norms(giant)[0] / 2)
+  step = workloads.get("W6-one-giant-max-step").build(TINY)
+  steps = max(float(np.max(np.linalg.norm(x.astype(np.float64), axis=-1))) for x in step.leaves)
+  assert step.threshold == pytest.approx(steps / 2)
 
 
 def test_full_size_shapes() -> None:
@@ -78,6 +91,10 @@ def test_full_size_shapes() -> None:
   assert len(small.leaves) == 10_000 and {x.shape for x in small.leaves} == {(100,)}
   assert workloads.get("W3-relax-large").builder(TINY, "float32", 3).num_systems == 20
   assert workloads.get("W2-relax-max-step").op == "clip_by_max_step"
+  tiny = workloads.get("W5-many-tiny").build(1.0)
+  assert tiny.num_systems == 100_000 and tiny.leaves[1].shape == (100_000, 3, 3)
+  giant = workloads.get("W6-one-giant-max-step").build(1.0)
+  assert giant.leaves[0].shape == (4_000_000, 3) and giant.num_systems == 1
 
 
 def test_unknown_names_are_rejected() -> None:
@@ -165,6 +182,7 @@ ASV_CASES = [
     ("max_step", "clipbench.torch", "W2-relax-max-step"),
     ("per_system", "clipbench.jax", "W2-relax"),
     ("per_system", "baseline.jax-segment-sum", "W3-relax-large"),
+    ("max_step", "baseline.torch-index-add", "W2-relax-max-step"),
 ]
 
 _CPU_CLASSES = {

@@ -560,3 +560,48 @@ def test_report_of_a_large_run_fits_where_people_read_it(tmp_path, bench):
   pages = "".join((tmp_path / "out" / p).read_text() for p in written)
   assert all(f'<a id="{f.split("#")[1]}"></a>' in pages for f in catalogue["reproducer_file"])
   assert pages.count("```python") == len(catalogue)
+
+
+# --- sharding (rule 14) ----------------------------------------------------------------------
+def _rule14_row(impl: str, case: str, outcome: str, observed: str, max_ulp: float,
+                norm_ulp: float) -> dict:
+  return {**{c: "" for c in CONFORMANCE_COLUMNS}, "impl": impl, "kind": "library",
+          "framework": "jax", "op": "clip_grad_norm", "rule": "14", "case": case,
+          "dtype": "float32", "outcome": outcome, "observed": observed,
+          "max_ulp_error": max_ulp, "norm_ulp_error": norm_ulp}
+
+
+def test_summary_has_a_sharding_column_per_implementation(conformance, sources):
+  differs = ("sharded vs unsharded (jax.jit): outputs differ by up to 2 ulp, norms by 1 ulp; "
+             "decision changed; bound held (leaves[0] element 0)")
+  rule14 = pd.DataFrame([
+      _rule14_row("optax.clip_by_global_norm", "rows-even-2-p2", "pass", "identical bits",
+                  0.0, 0.0),
+      _rule14_row("optax.clip_by_global_norm", "leaves-on-devices-2-p2", "not-applicable", "",
+                  math.nan, math.nan),
+      _rule14_row("kups.MaxStepSize", "rows-even-2-p2", "pass", "identical bits", 0.0, 0.0),
+      _rule14_row("kups.MaxStepSize", "rows-uneven-4-p2", "deviation", differs, 2.0, 1.0)])
+  # Rule 14's differences are sharded against unsharded: far above every accuracy error
+  # here, they must stay out of the summary's and the accuracy table's ulp errors.
+  rule14.loc[3, "max_ulp_error"] = 1e9
+  with_rule14 = pd.concat([conformance, rule14], ignore_index=True)
+  report = build.build(build.Sources(conformance=with_rule14, conformance_path=CONFORMANCE),
+                       generated=NOW)
+  summary = report.tables["summary"].set_index("impl")
+  assert summary.loc["optax.clip_by_global_norm", "sharding_cases"] == 1
+  assert summary.loc["optax.clip_by_global_norm", "sharding_identical"] == 1
+  assert summary.loc["kups.MaxStepSize", "sharding_decision_changed"] == 1
+  assert summary.loc["kups.MaxStepSize", "sharding_bound_broken"] == 0
+  assert summary.loc["reference", "sharding_cases"] == 0
+  assert summary.loc["kups.MaxStepSize", "max_ulp_error"] == 0.5
+  accuracy = tables.accuracy_table(with_rule14)
+  assert not ((accuracy["impl"] == "kups.MaxStepSize") &
+              (accuracy["op"] == "clip_grad_norm")).any()
+  md = render.to_markdown(report.document)
+  header = next(line for line in md.splitlines() if line.startswith("| implementation | kind"))
+  assert "| sharding |" in header
+  assert "identical bits (1 cases)" in md
+  cell = next(line for line in md.splitlines()
+              if line.startswith("| kups.MaxStepSize | library |"))
+  assert "1 of 2 cases differ" in cell and "decision changed in 1; bound held" in cell
+  assert "not run" in md

@@ -4,11 +4,11 @@ The norm is known within a rigorous bound (``(n-1) 2**-53`` relative for n float
 a threshold inside that bound is a near-tie settled exactly on the host
 (:mod:`~clipbench.impls.own.numba.ties`); the factor s is the largest float with
 ``s * n_up <= c``. The same steps as the shared, vectorised ``decision.finalize``, one system
-at a time and without array temporaries (``nextafter`` and powers of two on the bits, far
-cheaper than the libm calls), with one difference: factors of calls without float64 leaves
-keep 24 bits, not ``decision.SHORT_SCALE_BITS`` (29), so the float32 apply needs no float64
-(``apply.scale_f32_fma``); truncation costs < 2**-23 = 2u of float32, the coarsest such
-dtype, within rule 4's 4u of c / n. The fused kernels call ``finalize_one`` per system and
+at a time and without array temporaries (``nextafter``, ``frexp``, ``ldexp`` and powers of two
+on the bits, far cheaper than the libm calls), with one difference: factors of calls without
+float64 leaves keep 24 bits, not ``decision.SHORT_SCALE_BITS`` (29), so the float32 apply
+needs no float64 (``apply.scale_f32_fma``); truncation costs < 2**-23 = 2u of float32, the
+coarsest such dtype, within rule 4's 4u of c / n. The fused kernels call ``finalize_one`` per system and
 the general route ``finalize_systems`` over arrays, so both routes give the same bits.
 """
 
@@ -53,6 +53,29 @@ def next_toward_zero(v):
 def pow2(k):
   """2.0 ** k for a normal power, -1022 <= k <= 1023, from its exponent bits."""
   return f64(np.uint64(k + 1023) << np.uint64(52))
+
+
+_EXPONENT = np.uint64(0x7FF) << np.uint64(52)
+
+
+@njit(inline="always", **JIT)
+def frexp_bits(v):
+  """math.frexp(v) (mantissa, int64 exponent) on the bits for a normal v; libm's call (~10 ns,
+  far more than the rest of a tiny system's decision) only for 0, subnormals, inf and NaN."""
+  field = np.int64((u64(v) >> np.uint64(52)) & np.uint64(0x7FF))
+  if field == 0 or field == 0x7FF:
+    m, e = math.frexp(v)
+    return m, np.int64(e)
+  return f64((u64(v) & ~_EXPONENT) | (np.uint64(1022) << np.uint64(52))), field - 1022
+
+
+@njit(inline="always", **JIT)
+def ldexp_bits(m, e):
+  """math.ldexp(m, e) on the bits when m and the result are normal, else libm's call."""
+  field = np.int64((u64(m) >> np.uint64(52)) & np.uint64(0x7FF))
+  if field == 0 or field == 0x7FF or e < 1 - field or e > 0x7FE - field:
+    return math.ldexp(m, e)
+  return f64((u64(m) & ~_EXPONENT) | (np.uint64(field + e) << np.uint64(52)))
 
 
 @njit(inline="always", **JIT)
@@ -138,7 +161,7 @@ def finalize_one(sums, threshold, p, precise):
   else:
     q = c_m / up if active else c_m
     q = q * (1.0 - 2.0 ** -50)
-  q_m, q_e = math.frexp(q)
+  q_m, q_e = frexp_bits(q)
   if not precise:
     q_m = math.floor(q_m * 2.0 ** SCALE_BITS) * 2.0 ** -SCALE_BITS
   if c_m == 0:

@@ -12,9 +12,14 @@ instead of a separate scan, and no per-block arrays are built. It gives the gene
 bits (its sums are checked equal, not only its outputs).
 
 The threads claim chunks in turn from an atomic counter, so a vCPU the host slows does less
-of the work instead of holding up the call. Near-ties are settled exactly on the host
-afterwards; ids that turn out unsorted or out of range, and non-finite elements in zero mode,
-hand the whole call back to the general route, which raises the same errors.
+of the work instead of holding up the call. A system's decision takes and returns scalars
+(:mod:`~clipbench.impls.own.numba.fused_decision`) and its short runs are applied through
+pointers (``apply.apply_run_f32``): tens of thousands of tiny systems are per-system work,
+not bandwidth. A call whose chunks cannot be balanced (a system larger than a thread's
+share) goes to :mod:`~clipbench.impls.own.numba.long_runs`, which cuts runs into blocks.
+Near-ties are settled exactly on the host afterwards; ids that turn out unsorted or out of
+range, and non-finite elements in zero mode, hand the whole call back to the general route,
+which raises the same errors.
 """
 
 from __future__ import annotations
@@ -27,34 +32,26 @@ import numpy as np
 from numba import njit
 
 from clipbench.impls.own import decision, exact
-from clipbench.impls.own.numba import threads
-from clipbench.impls.own.numba.apply import apply_range
+from clipbench.impls.own.numba import long_runs, threads
+from clipbench.impls.own.numba.apply import apply_run_f32
 from clipbench.impls.own.numba.buffers import address, new_outputs
-from clipbench.impls.own.numba.decode import F16_TABLE, F32, block_flags, views
-from clipbench.impls.own.numba.finalize import finalize_one, sum_rel_err_of_squares
+from clipbench.impls.own.numba.decode import F16_TABLE
+from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
+                                                      decide, nonfinite_flags, run_action)
 from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
 from clipbench.impls.own.numba.max_step import step_block_f32
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
-from clipbench.impls.own.numba.records import (FusedOutputs, FusedRule, Ids, Leaves, RunAction,
-                                               SystemSums, Threshold)
+from clipbench.impls.own.numba.records import FusedOutputs, FusedRule, Ids, Leaves, Threshold
 from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, run_end
 from clipbench.impls.own.numba.segments import rows_below, rows_below_each
 from clipbench.impls.own.numba.ties import tie_is_kept
 
-FUSED_OK, FUSED_UNSORTED, FUSED_NONFINITE = 0, 1, 2
 # The systems are cut into chunks that the threads claim in turn: up to this many per thread,
 # each of at least CHUNK_MIN_BYTES of leaves. More chunks balance a slowed vCPU better, but
 # each chunk restarts its streams (docs/cpu-kernels.md, "Chunks claimed in turn").
 CHUNKS_PER_WORKER = 16
 CHUNK_MIN_BYTES = 1 << 18
-
-
-@njit(inline="always", **JIT)
-def _nonfinite_flags(leaves, leaf, start, n):
-  """block_flags of elements [start, start + n) of a float32 leaf."""
-  a16, a32, a64 = views(leaves.addrs[leaf], leaves.sizes[leaf], F32)
-  return block_flags(F32, a16, a32, a64, leaves.table, start, n)
 
 
 @njit(**JIT)
@@ -66,7 +63,7 @@ def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
   combine kernels give it, for the tests of that claim). Returns FUSED_OK, or
   FUSED_UNSORTED / FUSED_NONFINITE (then nothing it wrote is to be used)."""
   nl = leaves.addrs.size
-  threshold = rule.threshold
+  c_m, c_e, c_inf = rule.threshold
   cur = rows0.copy()
   ends = rows0.copy()
   for k in range(k0, k1):
@@ -88,7 +85,7 @@ def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
         a32 = numba.carray(ptr_u32(leaves.addrs[l]), end)
         best = step_block_f32(a32[start:end], leaves.vecs[l])
         if best == np.inf:
-          flags |= _nonfinite_flags(leaves, l, start, end - start)
+          flags |= nonfinite_flags(leaves, l, start, end - start)
         else:
           total = max(total, best)
         continue
@@ -96,39 +93,24 @@ def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
         n = min(BLOCK, end - b)
         part = SQUARES_F32(numba.carray(ptr_u32(leaves.addrs[l] + 4 * b), n), np.int64(2), 2.0)
         if not math.isfinite(part):
-          flags |= _nonfinite_flags(leaves, l, b, n)
+          flags |= nonfinite_flags(leaves, l, b, n)
         total += part
     if flags and rule.zero_mode:  # non-finite elements count as 0: the general route's case
       return FUSED_NONFINITE
-    nan = (flags & 1) != 0
-    inf = (flags & 2) != 0 and not nan
-    rel = rule.step_rel_err if rule.step else sum_rel_err_of_squares(count)
-    zero = total == 0.0
-    norm_v, act, sm, se, is_tie = finalize_one(
-        SystemSums(total, 0.0, 0.5, np.int64(1), rel, zero, nan, inf),
-        Threshold(threshold.c_m[k], np.int64(threshold.c_e[k]), threshold.c_inf[k]), 2.0,
-        False)
-    # decision.compose_norm: ldexp(norm_v, 1), then zero, inf and NaN, rounded to float32.
-    v = norm_v * 2.0
-    if zero:
-      v = 0.0
-    if inf:
-      v = np.inf
-    if nan:
-      v = np.nan
-    out.norms[k] = np.float32(v)
+    norm, act, sm, se, tie = decide(total, count, flags, c_m[k], c_e[k], c_inf[k], rule)
+    out.norms[k] = norm
     out.sums[k] = total
     out.action[k] = act
     out.s_m[k] = sm
     out.s_e[k] = se
-    out.tie[k] = is_tie
-    how = RunAction(act, sm, np.int64(se), math.ldexp(sm, se), False, False)
+    out.tie[k] = tie
+    how = run_action(act, sm, se)
     for l in range(nl):
       r = cur[l]
       e = ends[l]
       if e > r:
-        apply_range(leaves.addrs[l], out.out_addrs[l], leaves.sizes[l], F32,
-                    leaves.table, r * leaves.rowsizes[l], (e - r) * leaves.rowsizes[l], how)
+        apply_run_f32(leaves.addrs[l], out.out_addrs[l], leaves.sizes[l], leaves.table,
+                      r * leaves.rowsizes[l], (e - r) * leaves.rowsizes[l], how)
       cur[l] = e
   for l in range(nl):
     if cur[l] != rows1[l]:
@@ -203,7 +185,10 @@ def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any,
   per-system sums the decisions were made from."""
   ns = int(num_systems)
   c = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (ns,))
-  c_m, c_e, c_inf = exact.exact_frexp(c)
+  # One threshold for every system (the usual call) is split once, not once per system.
+  one = c[:1] if c.strides == (0,) else c
+  c_m, c_e, c_inf = (np.ascontiguousarray(np.broadcast_to(part, (ns,)))
+                     for part in exact.exact_frexp(one))
   step_rel_err = float(decision.sum_rel_err(float(layout.vecs.max()), 0.0)) if step else 0.0
   rule = FusedRule(Threshold(c_m, c_e.astype(np.int64), c_inf), step, step_rel_err, zero_mode)
   outs, out_addrs = new_outputs(layout.codes, layout.sizes, layout.shapes)
@@ -215,14 +200,18 @@ def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any,
   ids = Ids(np.array([address(g) for g in segments], dtype=np.int64),
             np.array([SEG_CODE_OF[g.dtype] for g in segments], dtype=np.int64))
   cuts, bounds = _chunks(layout, segments, ns)
-  parts = cuts.size - 1
-  status = np.full(parts, FUSED_OK, dtype=np.int64)
-  counter = np.zeros(1, dtype=np.int64)
-  threads.on_threads(
-      lambda: fused_claimed(counter, cuts, bounds, status, fused_leaves, ids, rule, out),
-      min(threads.WORKERS, parts))
-  if np.any(status != FUSED_OK):
-    return None
+  if long_runs.unbalanced(bounds, layout):
+    if long_runs.run(fused_leaves, layout, ids, segments, rule, out) != FUSED_OK:
+      return None
+  else:
+    parts = cuts.size - 1
+    status = np.full(parts, FUSED_OK, dtype=np.int64)
+    counter = np.zeros(1, dtype=np.int64)
+    threads.on_threads(
+        lambda: fused_claimed(counter, cuts, bounds, status, fused_leaves, ids, rule, out),
+        min(threads.WORKERS, parts))
+    if np.any(status != FUSED_OK):
+      return None
   ties = np.flatnonzero(out.tie).tolist()
   flat = [(x.reshape(int(n), int(r)), o.reshape(int(n), int(r)))
           for x, o, n, r in zip(leaves, outs, layout.rows, layout.rowsizes)] if ties else []

@@ -1,0 +1,150 @@
+"""Sharded against unsharded time of JAX implementations on host CPU devices (rule 14's cost).
+
+  python -m clipbench.benchmarks.sharded                      # W1 and W3, 2 and 4 devices
+  python -m clipbench.benchmarks.sharded --scale 0.05 --repeats 5 --impl optax.clip_by_global_norm
+
+Each workload is drawn once; each implementation is jitted once and timed on the leaves on
+one device and on a one-axis mesh of 2 and 4 CPU devices (``XLA_FLAGS`` forces 4 host
+devices, set here before JAX starts). Every leaf (and segment array) has its rows split across
+the mesh (``PartitionSpec("shards")``): placed so by ``jax.device_put`` where the rows divide
+evenly, else placed replicated and split inside the jitted function by
+``with_sharding_constraint`` (``device_put`` refuses uneven shards; XLA pads them). The
+unsharded call is the same jitted function on one device. The ratio is the sharded
+median over the unsharded one (above 1: sharding costs time). Host devices share the
+machine's cores and memory, so the ratio measures the partitioned program and its
+collectives, not a speed-up from more hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+_DEVICES = 4
+_FLAG = f"--xla_force_host_platform_device_count={_DEVICES}"
+if "jax" not in sys.modules and _FLAG not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from clipbench.benchmarks import workloads  # noqa: E402
+from clipbench.impls import calling, registry  # noqa: E402
+
+IMPLS = ("clipbench.jax", "optax.clip_by_global_norm")
+WORKLOADS = ("W1-model", "W3-relax-large")
+DEVICE_COUNTS = (2, 4)
+
+
+def _mesh(devices: int) -> jax.sharding.Mesh:
+  return jax.make_mesh((devices,), ("shards",), axis_types=(AxisType.Auto,),
+                       devices=jax.devices()[:devices])
+
+
+def _rows(devices: int, ndim: int) -> NamedSharding:
+  return NamedSharding(_mesh(devices), P("shards", *([None] * (ndim - 1))) if ndim else P())
+
+
+def _place(arrays: list, devices: int) -> tuple[list, tuple[bool, ...]]:
+  """The arrays on the mesh, and which of them the jitted function must split itself."""
+  uneven = tuple(x.ndim == 0 or x.shape[0] % devices != 0 for x in arrays)
+  placed = [jax.device_put(x, NamedSharding(_mesh(devices), P()) if later else
+                           _rows(devices, x.ndim)) for x, later in zip(arrays, uneven)]
+  return placed, uneven
+
+
+def _split_inside(arrays, uneven: tuple[bool, ...], devices: int):
+  if arrays is None:
+    return None
+  return [jax.lax.with_sharding_constraint(x, _rows(devices, x.ndim)) if later and x.ndim
+          else x for x, later in zip(arrays, uneven)]
+
+
+def _median_seconds(fn, args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def measure(impl: registry.Implementation, workload: workloads.Workload, scale: float,
+            repeats: int) -> list[str]:
+  """Lines of ``impl`` on ``workload``: the unsharded median, then each mesh's and the ratio."""
+  op = workload.op
+  if op not in impl.ops:
+    return [f"{impl.name:28} {workload.name:16} not applicable: no {op}"]
+  drawn = workload.build(scale, "float32")
+  kw = {"norm_type": drawn.norm_type}
+  if op != "clip_grad_norm":
+    kw.update(segments=list(drawn.segments) if drawn.segments is not None else None,
+              num_systems=drawn.num_systems)
+  prepared = calling.prepare(impl, op, list(drawn.leaves), drawn.threshold, **kw)
+  static = {k: v for k, v in prepared.kwargs.items() if k != "segments"}
+  fn = impl.function(op)
+  threshold = prepared.threshold
+
+  def call(leaves, segments):
+    return fn(leaves, threshold, **static, **(
+        {"segments": segments} if segments is not None else {}))
+
+  segments = prepared.kwargs.get("segments")
+  base = _median_seconds(jax.jit(call), (prepared.leaves, segments), repeats)
+  lines = [f"{impl.name:28} {workload.name:16} {drawn.num_elements:>10,} elements  "
+           f"1 device  {base * 1e3:9.2f} ms"]
+  for devices in DEVICE_COUNTS:
+    leaves, uneven = _place(prepared.leaves, devices)
+    placed_segments = None if segments is None else _place(segments, devices)[0]
+
+    def sharded(leaves, segments, uneven=uneven, devices=devices):
+      return call(_split_inside(leaves, uneven, devices),
+                  _split_inside(segments, uneven, devices))
+
+    seconds = _median_seconds(jax.jit(sharded), (leaves, placed_segments), repeats)
+    lines.append(f"{'':28} {'':16} {'':20}{devices} devices {seconds * 1e3:9.2f} ms  "
+                 f"ratio {seconds / base:5.2f}")
+  return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m clipbench.benchmarks.sharded",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--impl", action="append", default=None,
+                      help=f"implementation (repeatable; default: {', '.join(IMPLS)})")
+  parser.add_argument("--workload", action="append", default=None, choices=workloads.NAMES,
+                      help=f"workload (repeatable; default: {', '.join(WORKLOADS)})")
+  parser.add_argument("--scale", type=float, default=0.1,
+                      help="fraction of each workload's full size (default 0.1)")
+  parser.add_argument("--repeats", type=int, default=10, help="timed calls per point")
+  args = parser.parse_args(argv)
+  if not 0 < args.scale <= 1:
+    parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
+  if args.repeats < 1:
+    parser.error(f"--repeats: expected at least 1, got {args.repeats}")
+  print(f"{jax.device_count()} host CPU devices on {os.cpu_count()} cores "
+        f"(devices share the cores: a ratio is the cost of the partitioned program)")
+  for name in args.impl or IMPLS:
+    impl = registry.load(name)
+    if not impl.available:
+      print(f"{name:28} unavailable: {impl.reason}")
+      continue
+    for workload in args.workload or WORKLOADS:
+      try:
+        lines = measure(impl, workloads.get(workload), args.scale, args.repeats)
+      except Exception as e:  # pylint: disable=broad-except
+        lines = [f"{name:28} {workload:16} error: {type(e).__name__}: "
+                 f"{str(e).splitlines()[0][:200] if str(e) else ''}"]
+      print("\n".join(lines), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,156 @@
+"""``make gpu-check`` where it can be tested: without a GPU, its report section, its proxies.
+
+The GPU path itself (conformance children on CUDA, the CUDA benchmarks, the copy-bandwidth
+probe) needs a GPU and is not run here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from clipbench.benchmarks import gpu_check, workloads
+from clipbench.impls import calling, registry
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_0() -> None:
+  # An empty CUDA_VISIBLE_DEVICES hides any GPU from torch, so this holds on a GPU machine too.
+  env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+  done = subprocess.run([sys.executable, "-m", "clipbench.benchmarks.gpu_check"], env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.strip().splitlines()
+  assert len(lines) == 1
+  assert lines[0].startswith("gpu-check: no CUDA GPU") and "nothing checked" in lines[0]
+
+
+def test_no_gpu_reason_names_the_missing_device_node(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setattr(gpu_check.timing, "cuda_device_node_present", lambda: False)
+  assert "no /dev/nvidia" in gpu_check.no_gpu_reason()
+  assert gpu_check.main([]) == 0
+
+
+def test_bad_scale_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture) -> None:
+  with pytest.raises(SystemExit) as exit_info:
+    gpu_check.main(["--scale", "-1"])
+  assert exit_info.value.code == 2
+  assert "--scale" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,peak", [
+    ("NVIDIA H100 80GB HBM3", 3350.0),
+    ("NVIDIA H100 PCIe", 2000.0),
+    ("NVIDIA H100 NVL", 3900.0),
+    ("NVIDIA H200", 4800.0),
+    ("NVIDIA H200 NVL", 4800.0),
+    ("NVIDIA A100-SXM4-80GB", 2039.0),
+    ("NVIDIA A100-SXM4-40GB", 1555.0),
+    ("NVIDIA A100-PCIE-40GB", 1555.0),
+    ("NVIDIA A100 80GB PCIe", 1935.0),
+    ("NVIDIA GH200 480GB", None),  # not an H200
+    ("NVIDIA A100", None),          # 40 or 80 GB: not guessed
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_peak_bandwidth_by_device_name(name: str, peak: float | None) -> None:
+  assert gpu_check.peak_bandwidth_gbs(name) == peak
+
+
+def _fake_measurements():
+  device = gpu_check.Device("NVIDIA H100 80GB HBM3", 3350.0, 2680.0, "torch 2.9, CUDA 13.0")
+  conformance = [
+      gpu_check.ConformanceRun("clipbench.torch@cuda", {"pass": 420, "not-applicable": 10}),
+      gpu_check.ConformanceRun("clipbench.triton@cuda",
+                               {"pass": 400, "fail": 3, "error": 1, "not-applicable": 26}, "", 1),
+      gpu_check.ConformanceRun("clipbench.jax@cuda", {}, "jax has no GPU backend"),
+  ]
+  timings = [gpu_check.Timing("W1-model", "clipbench.triton", "float32", 0.0000670, 3000.0),
+             gpu_check.Timing("W3-relax-large", "baseline.torch-index-add", "float32", 0.125,
+                              1340.0)]
+  return device, conformance, timings
+
+
+def test_report_section_gives_achieved_bandwidth_against_peak_and_copy() -> None:
+  device, conformance, timings = _fake_measurements()
+  text = gpu_check.report_section(device, conformance, timings, scale=1.0)
+  assert text.startswith("## GPU check: NVIDIA H100 80GB HBM3\n")
+  assert ("torch 2.9, CUDA 13.0; peak 3,350 GB/s (datasheet); measured copy bandwidth "
+          "2,680 GB/s (80% of peak).") in text
+  assert "| W1-model | float32 | clipbench.triton | 0.067 ms | 3,000 | 90% | 112% |" in text
+  assert ("| W3-relax-large | float32 | baseline.torch-index-add | 125 ms | 1,340 | 40% | 50% |"
+          in text)
+  assert "| clipbench.torch@cuda | conforms | 420 | 0 | 0 | 0 | 0 | 10 |" in text
+  assert "| clipbench.triton@cuda | 4 failing | 400 | 0 | 3 | 0 | 1 | 26 |" in text
+  assert ("| clipbench.jax@cuda | not run: jax has no GPU backend | – | – | – | – | – | – |"
+          in text)
+
+
+def test_report_section_on_an_unknown_card_says_unknown_peak() -> None:
+  _, conformance, timings = _fake_measurements()
+  device = gpu_check.Device("NVIDIA GeForce RTX 4090", None, 900.0)
+  text = gpu_check.report_section(device, conformance, timings[:1], scale=0.1)
+  assert "unknown peak (the card is not in gpu_check.PEAK_BANDWIDTH_GBS)" in text
+  assert "measured copy bandwidth 900 GB/s." in text
+  assert "| 3,000 | unknown peak | 333% |" in text
+  assert "### CUDA benchmarks (scale 0.1)" in text
+
+
+def test_report_section_without_timings_says_none_ran() -> None:
+  device, conformance, _ = _fake_measurements()
+  assert "No CUDA benchmark ran." in gpu_check.report_section(device, conformance, [], 1.0)
+
+
+def test_verdicts_fail_on_the_exit_status_but_not_on_runs_that_could_not_start() -> None:
+  assert not gpu_check.ConformanceRun("a", {}, "no backend").failed
+  # A failed preflight leaves passes of the other operation and no failing row.
+  preflight = gpu_check.ConformanceRun("a", {"pass": 117}, exit_status=1)
+  assert preflight.failed and preflight.verdict == "clipbench conform exited 1"
+  assert gpu_check.ConformanceRun("a", {"pass": 3, "error": 2}, exit_status=1).verdict == (
+      "2 failing")
+  assert gpu_check.ConformanceRun("a", {"deviation": 2}).verdict == "nothing passed"
+  assert gpu_check.ConformanceRun("a", {"pass": 2}).verdict == "conforms"
+
+
+def test_cuda_benchmarks_cover_the_baseline_and_the_own_gpu_kernels() -> None:
+  names = gpu_check.cuda_benchmarked_impls()
+  assert {"clipbench.torch", "clipbench.triton", "baseline.torch-index-add"} <= set(names)
+  assert "clipbench.numba" not in names
+
+
+def test_on_device_proxy_returns_the_implementations_bits_on_the_host() -> None:
+  proxy = gpu_check.OnDevice("baseline.torch-index-add", "cpu")
+  impl = registry.load("baseline.torch-index-add")
+  assert proxy.name == "baseline.torch-index-add@cpu" and proxy.capabilities.transforms == ()
+  inputs = workloads.get("W2-relax").build(0.002, "float32")
+  kwargs = dict(segments=inputs.segments, num_systems=inputs.num_systems)
+  direct = calling.call(impl, "clip_by_global_norm", inputs.leaves, inputs.threshold, **kwargs)
+  wrapped = registry.load("baseline.torch-index-add")
+  wrapped.obj = proxy
+  through = calling.call(wrapped, "clip_by_global_norm", inputs.leaves, inputs.threshold,
+                         **kwargs)
+  for a, b in zip(direct[0], through[0]):
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+  np.testing.assert_array_equal(direct[1], through[1])
+
+
+def test_on_device_proxy_refuses_outputs_left_off_the_device(
+    monkeypatch: pytest.MonkeyPatch) -> None:
+  proxy = gpu_check.OnDevice("baseline.torch-index-add", "cpu")
+  monkeypatch.setattr(proxy, "_on_device", lambda x: False)
+  leaves = [np.ones((2, 3), np.float32)]
+  import torch
+  with pytest.raises(RuntimeError, match="off cpu"):
+    proxy.clip_by_global_norm([torch.from_numpy(leaves[0])], 1.0)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(impl_name="baseline.torch-index-add", device="tpu"), "device"),
+    (dict(impl_name="clipbench.numba"), "impl_name: clipbench.numba is a numpy"),
+    (dict(impl_name="torch.clip_grad_norm_"), "impl_name: .*in place"),
+])
+def test_on_device_proxy_refuses_what_it_cannot_run(bad: dict, match: str) -> None:
+  with pytest.raises(ValueError, match=match):
+    gpu_check.OnDevice(**bad)
