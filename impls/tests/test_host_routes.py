@@ -131,7 +131,9 @@ def _churn(mode: str, shapes: int) -> dict:
 
 
 def _assert_no_faster(mode: str, growth: dict, optax_growth: dict) -> None:
-  assert growth["maps"] <= optax_growth["maps"], (mode, growth, optax_growth)
+  # The mapping count moves by a few either way as the allocator returns arenas (optax has
+  # measured -0.08 a shape): 0.1 a shape of slack, where the graph route took ~100 a shape.
+  assert growth["maps"] <= max(optax_growth["maps"], 0.0) + 0.1, (mode, growth, optax_growth)
   # Resident memory is noisier than the mapping count (allocator arenas): 10% and 16 KiB a
   # shape.
   assert growth["rss"] <= 1.1 * max(optax_growth["rss"], 0) + (16 << 10), (
