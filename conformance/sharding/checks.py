@@ -123,3 +123,12 @@ def differences(row: dict) -> tuple[float, float]:
     v = found.get(key)
     values.append(math.nan if v is None else (math.inf if v == "inf" else float(v)))
   return values[0], values[1]
+
+
+def outcome(row: dict, record=None) -> Finding:
+  """A row's finding, after handing ``record(key, value)`` its ulp differences (JAX and torch)."""
+  if record is not None and row.get("comparison"):
+    outputs, norms = differences(row)
+    record("max_ulp_error", outputs)
+    record("norm_ulp_error", norms)
+  return verdict(row)
