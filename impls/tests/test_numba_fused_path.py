@@ -82,6 +82,25 @@ def _batch(seed: int, num_systems: int, mean_rows: int, id_dtype=np.int64):
   return leaves, segments
 
 
+def _tiny_batch(seed: int, num_systems: int, id_dtype=np.int64):
+  """Systems of a few atoms, as W5 batches small molecules: positions (n, 3) of 0-8 atoms a
+  system (some systems empty) and a (3, 3) cell each; values over many binades, subnormals
+  and signed zeros included. Every chunk of it goes in groups (``fused.in_groups``)."""
+  rng = np.random.default_rng(seed)
+  atoms = rng.integers(0, 9, num_systems)
+  ids = np.repeat(np.arange(num_systems), atoms).astype(id_dtype)
+  scale = 10.0 ** rng.uniform(-40, 3, num_systems)
+  positions = (rng.standard_normal((ids.size, 3)) * scale[ids, None]).astype(np.float32)
+  positions[rng.random(positions.shape) < 0.02] = 0.0
+  positions[rng.random(positions.shape) < 0.02] *= -0.0
+  cell = (rng.standard_normal((num_systems, 3, 3)) * scale[:, None, None]).astype(np.float32)
+  return [positions, cell], [ids, np.arange(num_systems, dtype=id_dtype)]
+
+
+def _elements_per_system_fit_groups(leaves, num_systems):
+  return fused.in_groups(sum(x.size for x in leaves), num_systems)
+
+
 def _thresholds(rng, num_systems):
   per_system = 10.0 ** rng.uniform(-42, 4, num_systems)
   per_system[rng.random(num_systems) < 0.1] = 0.0
@@ -102,6 +121,52 @@ def test_fused_route_gives_the_general_route_bits(monkeypatch, op, seed, num_sys
       kwargs = dict(segments=segments, num_systems=num_systems, nonfinite=nonfinite)
       _assert_same_bits(getattr(api, op)(*args, **kwargs), _general(monkeypatch, op, *args,
                                                                    **kwargs))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("seed,num_systems,id_dtype", [
+    (20, 1, np.int64), (21, 300, np.int32), (22, 5_000, np.int64),
+    (23, 40_000, np.int32)])  # the last ones span several groups; the last, threads
+def test_tiny_systems_in_groups_give_the_general_route_bits(monkeypatch, op, seed,
+                                                            num_systems, id_dtype):
+  # Groups of tiny systems are decided in vector lanes and applied in masked steps: every
+  # bit must still be the general route's, at thresholds that clip some, all or none of the
+  # systems, zero and infinite ones among them.
+  leaves, segments = _tiny_batch(seed, num_systems, id_dtype)
+  assert _elements_per_system_fit_groups(leaves, num_systems)
+  step = op == "clip_by_max_step"
+  sums = np.full(num_systems, np.nan)
+  assert _fused(leaves, segments, num_systems, step, sums=sums) is not None
+  np.testing.assert_array_equal(sums.view(np.uint64),
+                                _general_sums(leaves, segments, num_systems, step).view(np.uint64))
+  rng = np.random.default_rng(seed)
+  median = float(np.median(np.sqrt(sums)))
+  for threshold in _thresholds(rng, num_systems) + (median, median * (1 + 2.0 ** -20)):
+    kwargs = dict(segments=segments, num_systems=num_systems)
+    _assert_same_bits(getattr(api, op)(leaves, threshold, **kwargs),
+                      _general(monkeypatch, op, leaves, threshold, **kwargs))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("mode", ("propagate", "zero"))
+def test_tiny_systems_with_nonfinite_elements_match_the_general_route(monkeypatch, op, mode):
+  leaves, segments = _tiny_batch(24, 3_000)
+  leaves[0][5, 1] = np.nan
+  leaves[0][400, 0] = np.inf
+  leaves[1][7, 2, 2] = -np.inf
+  kwargs = dict(segments=segments, num_systems=3_000, nonfinite=mode)
+  _assert_same_bits(getattr(api, op)(leaves, 1e-3, **kwargs),
+                    _general(monkeypatch, op, leaves, 1e-3, **kwargs))
+
+
+def test_the_test_batches_take_both_paths():
+  # The other tests' batches must reach both loops of the fused kernel: systems one by one
+  # and tiny systems in groups.
+  leaves, _ = _batch(2, 300, 40)
+  assert not _elements_per_system_fit_groups(leaves, 300)
+  tiny, _ = _tiny_batch(22, 5_000)
+  assert _elements_per_system_fit_groups(tiny, 5_000)
+  assert 5_000 > fused.GROUP
 
 
 @pytest.mark.parametrize("op,norm_type", [

@@ -39,7 +39,9 @@ from clipbench.impls.own.numba.decode import F16_TABLE
 from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
                                                       decide, nonfinite_flags, run_action)
 from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
+from clipbench.impls.own.numba.lane_decisions import decide_group
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
+from clipbench.impls.own.numba.masked_apply import apply_tiny_run_f32
 from clipbench.impls.own.numba.max_step import step_block_f32
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
 from clipbench.impls.own.numba.records import FusedOutputs, FusedRule, Ids, Leaves, Threshold
@@ -52,11 +54,15 @@ from clipbench.impls.own.numba.ties import tie_is_kept
 # each chunk restarts its streams (docs/cpu-kernels.md, "Chunks claimed in turn").
 CHUNKS_PER_WORKER = 16
 CHUNK_MIN_BYTES = 1 << 18
+# Chunks whose systems hold at most TINY_ELEMENTS elements on average are decided and applied
+# GROUP systems at a time (docs/cpu-kernels.md, "Many tiny systems").
+TINY_ELEMENTS = 64
+GROUP = 256
 
 
 @njit(**JIT)
-def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
-  """Systems [k0, k1) of float32 leaves whose rows [rows0[l], rows1[l]) hold exactly those
+def _one_by_one(k0, k1, rows0, rows1, leaves, ids, rule, out):
+  """``fused_systems`` one system at a time. Systems [k0, k1) of float32 leaves whose rows [rows0[l], rows1[l]) hold exactly those
   systems' ids, in order: L2 (``rule.step`` False) or max-step norms, decisions and outputs,
   as the general route's blocks, combine, finalize and apply kernels compute them
   (``out.sums``: each system's sum of squares, or largest vector sum for max-step, as the
@@ -116,6 +122,100 @@ def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
     if cur[l] != rows1[l]:
       return FUSED_UNSORTED
   return FUSED_OK
+
+
+@njit(**JIT)
+def _in_groups(k0, k1, rows0, rows1, leaves, ids, rule, out):
+  """``fused_systems`` for a chunk of tiny systems: GROUP systems scanned and summed (the
+  same blocks as one by one), decided together in vector lanes, then applied in masked
+  steps while they are still in L1."""
+  nl = leaves.addrs.size
+  cur = rows0.copy()
+  bounds = np.empty((GROUP + 1, nl), dtype=np.int64)
+  counts = np.empty(GROUP, dtype=np.int64)
+  flags = np.empty(GROUP, dtype=np.int64)
+  usual = np.empty(GROUP, dtype=np.bool_)
+  for g0 in range(k0, k1, GROUP):
+    ng = min(GROUP, k1 - g0)
+    for l in range(nl):
+      bounds[0, l] = cur[l]
+    for j in range(ng):
+      k = g0 + j
+      total = 0.0
+      count = 0
+      flag = 0
+      for l in range(nl):
+        r = cur[l]
+        e = run_end(ids.addrs[l], ids.codes[l], r, rows1[l], k)
+        if e < 0:
+          return FUSED_UNSORTED
+        bounds[j + 1, l] = e
+        cur[l] = e
+        if e == r:
+          continue
+        start = r * leaves.rowsizes[l]
+        end = e * leaves.rowsizes[l]
+        count += end - start
+        if rule.step:
+          a32 = numba.carray(ptr_u32(leaves.addrs[l]), end)
+          best = step_block_f32(a32[start:end], leaves.vecs[l])
+          if best == np.inf:
+            flag |= nonfinite_flags(leaves, l, start, end - start)
+          else:
+            total = max(total, best)
+          continue
+        for b in range(start, end, BLOCK):
+          n = min(BLOCK, end - b)
+          part = SQUARES_F32(numba.carray(ptr_u32(leaves.addrs[l] + 4 * b), n), np.int64(2),
+                             2.0)
+          if not math.isfinite(part):
+            flag |= nonfinite_flags(leaves, l, b, n)
+          total += part
+      if flag and rule.zero_mode:
+        return FUSED_NONFINITE
+      out.sums[k] = total
+      counts[j] = count
+      flags[j] = flag
+    decide_group(g0, ng, counts, flags, usual, rule, out)
+    for j in range(ng):
+      k = g0 + j
+      how = run_action(out.action[k], out.s_m[k], out.s_e[k])
+      for l in range(nl):
+        r = bounds[j, l]
+        e = bounds[j + 1, l]
+        if e > r:
+          apply_tiny_run_f32(leaves.addrs[l], out.out_addrs[l], leaves.sizes[l], leaves.table,
+                             r * leaves.rowsizes[l], (e - r) * leaves.rowsizes[l], how)
+  for l in range(nl):
+    if cur[l] != rows1[l]:
+      return FUSED_UNSORTED
+  return FUSED_OK
+
+
+@njit(inline="always", **JIT)
+def in_groups(elements, systems):
+  """Whether a chunk of ``systems`` systems holding ``elements`` elements goes in groups."""
+  return elements <= TINY_ELEMENTS * systems
+
+
+@njit(**JIT)
+def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
+  """Systems [k0, k1) of float32 leaves whose rows [rows0[l], rows1[l]) hold exactly those
+  systems' ids, in order: L2 (``rule.step`` False) or max-step norms, decisions and outputs,
+  as the general route's blocks, combine, finalize and apply kernels compute them
+  (``out.sums``: each system's sum of squares, or largest vector sum for max-step, as the
+  combine kernels give it, for the tests of that claim). Returns FUSED_OK, or
+  FUSED_UNSORTED / FUSED_NONFINITE (then nothing it wrote is to be used).
+
+  Systems go one at a time, each in L1 from its sums to its scaling, except in chunks of
+  tiny systems (at most ``TINY_ELEMENTS`` elements a system on average), which go in groups
+  (``_in_groups``)."""
+  elements = 0
+  for l in range(leaves.addrs.size):
+    elements += (rows1[l] - rows0[l]) * leaves.rowsizes[l]
+  if in_groups(elements, k1 - k0):
+    return _in_groups(k0, k1, rows0, rows1, leaves, ids, rule, out)
+  return _one_by_one(k0, k1, rows0, rows1, leaves, ids, rule, out)
 
 
 @njit(**JIT)
