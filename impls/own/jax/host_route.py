@@ -32,7 +32,10 @@ import numpy as np
 from clipbench.impls.own.jax import xla_ffi
 from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import api as numba_api
-from clipbench.impls.own.numba.buffers import writing_into
+from clipbench.impls.own.numba import general
+from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
+from clipbench.impls.own.numba.layout import leaf_layout
+from clipbench.impls.own.numba.segments import NO_SEGMENTS
 
 TARGET = "clipbench_numba_clip"
 
@@ -71,12 +74,21 @@ def threshold_values(m: np.ndarray, e: np.ndarray, inf: np.ndarray) -> np.ndarra
   return np.where(np.asarray(inf, bool), np.inf, c)
 
 
-def run_kernels(spec: CallSpec, leaves: list[np.ndarray], segments: list[np.ndarray] | None,
+def run_kernels(spec: CallSpec, leaves: list[np.ndarray] | LeavesAt,
+                segments: list[np.ndarray] | None,
                 c: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-  """The numba kernels on host arrays (outputs into an enclosing ``writing_into``)."""
+  """The numba kernels on host arrays (outputs into an enclosing ``writing_into``). Global
+  clipping of XLA's buffers (``LeavesAt``, checked when the call was traced) goes straight
+  to the general route, which reads their addresses: no array is made per leaf."""
   if spec.op == "clip_grad_norm":
+    if isinstance(leaves, LeavesAt):
+      outs, norms = general.run(leaves, leaf_layout(leaves), c.reshape(()), NO_SEGMENTS,
+                                spec.p, spec.nonfinite)
+      return outs, norms.reshape(())
     return numba_api.clip_grad_norm(leaves, c.reshape(()), norm_type=spec.p,
                                     nonfinite=spec.nonfinite)
+  if isinstance(leaves, LeavesAt):
+    leaves = list(leaves)
   # No segments: one system, which the kernels take as segments=None and a scalar threshold.
   ids, count = (segments, spec.num_systems) if spec.has_segments else (None, None)
   threshold = c if spec.has_segments else c.reshape(-1)[0]
@@ -91,39 +103,19 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   """The FFI body: operands (leaves, segments, threshold parts) in place, results filled."""
   spec = _SPECS[key]
   nl, ns = len(spec.leaf_shapes), len(spec.segment_shapes)
-  leaves = [xla_ffi.array_at(int(a), s, d, True)
-            for a, s, d in zip(args[:nl], spec.leaf_shapes, spec.leaf_dtypes)]
-  segments = [xla_ffi.array_at(int(a), s, np.dtype(np.int32), True)
+  leaves = LeavesAt(args[:nl], spec.leaf_shapes, spec.leaf_dtypes, True)
+  segments = [array_at(int(a), s, np.dtype(np.int32), True)
               for a, s in zip(args[nl:nl + ns], spec.segment_shapes)]
   t = spec.threshold_size
-  m, e, inf = (xla_ffi.array_at(int(a), (t,), np.dtype(d), True)
+  m, e, inf = (array_at(int(a), (t,), np.dtype(d), True)
                for a, d in zip(args[nl + ns:nl + ns + 3], (np.float64, np.int32, np.bool_)))
   c = threshold_values(m, e, inf)
   # A traced threshold was never checked: as on the graph route, NaN or negative means 0.
   c = np.where(np.isnan(c) | (c < 0), 0.0, c)
-  with writing_into(_ResultBuffers(rets[:nl], spec)):
+  with writing_into(LeavesAt(rets[:nl], spec.leaf_shapes, spec.leaf_dtypes, False)):
     _, norms = run_kernels(spec, leaves, segments, c)
-  norms_out = xla_ffi.array_at(int(rets[nl]), (spec.num_systems,), spec.norms_dtype, False)
+  norms_out = array_at(int(rets[nl]), (spec.num_systems,), spec.norms_dtype, False)
   norms_out[...] = np.asarray(norms).reshape(-1)
-
-
-class _ResultBuffers:
-  """XLA's result buffers as the kernels' destination: their addresses, and an array only
-  where one is indexed (the kernels index them only to settle near-ties)."""
-
-  def __init__(self, addresses: np.ndarray, spec: CallSpec):
-    self.addresses = np.ascontiguousarray(addresses, dtype=np.int64)
-    self._spec = spec
-
-  def __len__(self) -> int:
-    return len(self.addresses)
-
-  def __getitem__(self, i: int) -> np.ndarray:
-    return xla_ffi.array_at(int(self.addresses[i]), self._spec.leaf_shapes[i],
-                            self._spec.leaf_dtypes[i], False)
-
-  def __iter__(self):
-    return (self[i] for i in range(len(self)))
 
 
 def _spec(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,

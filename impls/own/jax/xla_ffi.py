@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from numba import njit
 
+from clipbench.impls.own.numba.buffers import array_at
 from clipbench.impls.own.numba.intrinsics import JIT, ptr_i64
 
 API_MAJOR, API_MINOR = 0, 5  # the FFI version this handler speaks (c_api.h XLA_FFI_API_*)
@@ -99,23 +100,6 @@ def data_addresses(items: int, n: int) -> np.ndarray:
   if n:
     _data_addresses(items, n, out)
   return out
-
-
-class _ArrayAt:
-  """An object whose array interface is memory at an address (NumPy wraps it without a copy)."""
-
-  __slots__ = ("__array_interface__",)
-
-  def __init__(self, address: int, shape: tuple[int, ...], dtype: np.dtype, readonly: bool):
-    self.__array_interface__ = {"data": (address, readonly), "shape": shape,
-                                "typestr": dtype.str, "version": 3}
-
-
-def array_at(address: int, shape: tuple[int, ...], dtype: np.dtype, readonly: bool) -> np.ndarray:
-  """The C-contiguous array of ``shape`` and ``dtype`` at ``address`` (no copy)."""
-  if 0 in shape:
-    return np.empty(shape, dtype=dtype)
-  return np.asarray(_ArrayAt(address, shape, dtype, readonly)).view(dtype)
 
 
 def _error(api: int, message: str) -> int:

@@ -13,6 +13,8 @@ takes it as it is, the general route builds :class:`Prepared` on it.
 
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple
 
 import numpy as np
@@ -44,13 +46,18 @@ class LeafLayout(NamedTuple):
 
 
 def leaf_layout(leaves: list[np.ndarray]) -> LeafLayout:
-  """The :class:`LeafLayout` of validated leaves."""
-  shapes = [x.shape for x in leaves]
-  sizes = np.array([x.size for x in leaves], dtype=np.int64)
+  """The :class:`LeafLayout` of validated leaves (arrays, or a ``buffers.LeavesAt``)."""
+  if hasattr(leaves, "addresses"):
+    return leaf_layout_of(list(leaves.shapes), list(leaves.dtypes))
+  return leaf_layout_of([x.shape for x in leaves], [x.dtype for x in leaves])
+
+
+def leaf_layout_of(shapes: list[tuple[int, ...]], dtypes: list[np.dtype]) -> LeafLayout:
+  """The :class:`LeafLayout` of leaves of these shapes and dtypes."""
+  sizes = np.array([math.prod(s) for s in shapes], dtype=np.int64)
   rows = np.array([s[0] if s else 1 for s in shapes], dtype=np.int64)
   vecs = np.array([s[-1] if len(s) >= 2 else 1 for s in shapes], dtype=np.int64)
-  return LeafLayout(shapes=shapes, codes=np.array([CODE_OF[x.dtype] for x in leaves],
-                                                  dtype=np.int8),
+  return LeafLayout(shapes=shapes, codes=np.array([CODE_OF[d] for d in dtypes], dtype=np.int8),
                     sizes=sizes, rows=rows,
                     rowsizes=np.where(rows > 0, sizes // np.maximum(rows, 1), 0),
                     vecs=np.maximum(vecs, 1))
@@ -122,7 +129,10 @@ class Prepared:
         addrs[idx] = address(packed) + starts * ITEMSIZE[code]
       else:
         small[idx] = False
-    for i in np.flatnonzero(~small).tolist():
+    addressed = getattr(leaves, "addresses", None)  # C-contiguous by construction
+    if addressed is not None:
+      addrs[~small] = addressed[~small]
+    for i in np.flatnonzero(~small).tolist() if addressed is None else ():
       if not leaves[i].flags.c_contiguous:
         # np.ascontiguousarray would turn a 0-d leaf into shape (1,).
         self.leaves[i] = leaves[i] = leaves[i].copy(order="C")
