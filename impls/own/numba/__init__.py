@@ -32,9 +32,10 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   system and scales the run while it is still in L1, so the leaves come from memory once.
   It gives the general route's bits (:mod:`.general`); unsorted or out-of-range ids and
   non-finite elements in zero mode hand the call to the general route, which raises the same
-  errors. A system's decision takes and returns scalars (:mod:`.fused_decision`) and
-  its short runs are applied through pointers (``apply.apply_run_f32``): what keeps tens of
-  thousands of tiny systems cheap. A call whose
+  errors. A system's decision takes and returns scalars (:mod:`.fused_decision`); chunks of
+  tiny systems (a few atoms each: per-system work, not bandwidth) go 256 systems at a time,
+  decided together in vector lanes (:mod:`.lane_decisions`) and applied in masked vector
+  steps (:mod:`.masked_apply`), each lane with the one-system code's bits. A call whose
   largest system would leave a thread idle (one giant system) takes :mod:`.long_runs`
   instead: the general route's blocks on every thread, ids checked and sums taken in one
   pass, then decided and applied, the same sums in the same order.

@@ -14,8 +14,11 @@ bits (its sums are checked equal, not only its outputs).
 The threads claim chunks in turn from an atomic counter, so a vCPU the host slows does less
 of the work instead of holding up the call. A system's decision takes and returns scalars
 (:mod:`~clipbench.impls.own.numba.fused_decision`) and its short runs are applied through
-pointers (``apply.apply_run_f32``): tens of thousands of tiny systems are per-system work,
-not bandwidth. A call whose chunks cannot be balanced (a system larger than a thread's
+pointers (``apply.apply_run_f32``). Tens of thousands of tiny systems are per-system work,
+not bandwidth, and a scalar decision (~30 ns) and an unpredictable keep-or-scale branch
+cost more than their data: chunks of tiny systems go in groups (``_in_groups``), decided in
+vector lanes (:mod:`~clipbench.impls.own.numba.lane_decisions`) and applied in masked
+steps (:mod:`~clipbench.impls.own.numba.masked_apply`). A call whose chunks cannot be balanced (a system larger than a thread's
 share) goes to :mod:`~clipbench.impls.own.numba.long_runs`, which cuts runs into blocks.
 Near-ties are settled exactly on the host afterwards; ids that turn out unsorted or out of
 range, and non-finite elements in zero mode, hand the whole call back to the general route,
