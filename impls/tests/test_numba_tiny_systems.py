@@ -1,11 +1,11 @@
 """The fused route's pieces for tiny systems against the code they stand in for, bit for bit.
 
 Groups of tiny systems (``fused._in_groups``) are decided in vector lanes
-(``lane_decisions.decide_group``) and applied in masked vector steps
-(``masked_apply.scale_run_masked``). Each must give, lane by lane, what the one-system code
-gives: ``fused_decision.decide`` for every decision, ``apply.scale_f32_fma`` for every scaled
-element, and the input's own bits for a kept one. The whole route is checked against the
-general route in ``test_numba_fused_path``.
+(``lane_decisions.decide_group``, which also gives each system's float32 factor for the masked
+steps) and applied in masked vector steps (``masked_apply.scale_run_masked``). Each must give,
+lane by lane, what the one-system code gives: ``fused_decision.decide`` for every decision,
+``apply.scale_f32_fma`` for every scaled element, and the input's own bits for a kept one. The
+whole route is checked against the general route in ``test_numba_fused_path``.
 """
 
 from __future__ import annotations
@@ -34,14 +34,19 @@ def _decide_each(totals, counts, flags, rule, out):
 
 
 @njit(**JIT)
-def _decide_in_groups(group, counts, flags, rule, out, usual_count):
+def _decide_in_groups(group, counts, flags, rule, out, usual_count, factors, in_steps):
   n_all = out.sums.size
   usual = np.empty(group, dtype=np.bool_)
+  group_factors = np.empty(group, dtype=np.float32)
+  group_in_steps = np.empty(group, dtype=np.bool_)
   for g0 in range(0, n_all, group):
     n = min(group, n_all - g0)
-    decide_group(g0, n, counts[g0:g0 + n], flags[g0:g0 + n], usual, rule, out)
+    decide_group(g0, n, counts[g0:g0 + n], flags[g0:g0 + n], usual, group_factors,
+                 group_in_steps, rule, out)
     for j in range(n):
       usual_count[0] += usual[j] and not flags[g0 + j]
+      factors[g0 + j] = group_factors[j]
+      in_steps[g0 + j] = group_in_steps[j]
 
 
 def _outputs(totals):
@@ -87,9 +92,20 @@ def test_group_decisions_are_decide_bit_for_bit(step, group):
   want, got = _outputs(totals), _outputs(totals)
   _decide_each(totals, counts, flags, rule, want)
   usual = np.zeros(1, dtype=np.int64)
-  _decide_in_groups(group, counts, flags, rule, got, usual)
+  factors = np.empty(totals.size, dtype=np.float32)
+  in_steps = np.empty(totals.size, dtype=np.bool_)
+  _decide_in_groups(group, counts, flags, rule, got, usual, factors, in_steps)
   # Most lanes must be decided in the vector lanes, or this test would check only decide.
   assert usual[0] > 0.8 * totals.size
+  # A system applied in masked steps has the factor run_action gives it: 1.0 when kept,
+  # else ldexp(s_m, s_e), a float32; and only kept or scaled systems go there.
+  assert in_steps.sum() > 0.5 * totals.size
+  kept = want.action[in_steps] == 0
+  assert set(np.unique(want.action[in_steps])) <= {0, 1}
+  sv = np.ldexp(want.s_m[in_steps], want.s_e[in_steps])
+  expected = np.where(kept, 1.0, sv)
+  np.testing.assert_array_equal(factors[in_steps].astype(np.float64), expected)
+  assert not in_steps[flags != 0].any()
   for field in ("norms", "action", "s_m", "s_e", "tie"):
     w, g = getattr(want, field), getattr(got, field)
     kept = want.action != 2  # NaN-filled systems: their factor is not used

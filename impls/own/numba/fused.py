@@ -1,28 +1,30 @@
 """The fused route: one pass per chunk of systems for sorted segments (float32, L2, max-step).
 
 Sorted ids (the usual layout of batched simulations) put each system's rows of a leaf in one
-run, and a system (W3: ~3 KB) fits in L1. One pass over a chunk of contiguous systems then
-does everything the general route's separate passes do, system by system: it finds each
-run's end by scanning the ids (which validates them: every row of the chunk must be consumed,
-in id order, inside the chunk's systems), sums the run's blocks with the same block function
-and in the same order as the general route's power sums, finalizes the system
-(``finalize.finalize_one``, which the general route runs too) and scales the run while it is
-still in L1. The data comes from memory once instead of twice, the ids in the same pass
-instead of a separate scan, and no per-block arrays are built. It gives the general route's
-bits (its sums are checked equal, not only its outputs).
+run, and a system (W3: ~3 KB) fits in L1. One pass over a chunk of contiguous systems then does
+everything the general route's separate passes do, system by system: it finds each run's end by
+scanning the ids (which validates them: every row of the chunk must be consumed, in id order,
+inside the chunk's systems), sums the run's blocks with the same block function and in the same
+order as the general route's power sums (a short run in the tree of
+:mod:`~clipbench.impls.own.numba.short_sums`, as the block function sums it), finalizes the
+system (``finalize.finalize_one``, which the general route runs too) and scales the run while it
+is still in L1. The data comes from memory once instead of twice, the ids in the same pass
+instead of a separate scan, and no per-block arrays are built. It gives the general route's bits
+(its sums are checked equal, not only its outputs).
 
-The threads claim chunks in turn from an atomic counter, so a vCPU the host slows does less
-of the work instead of holding up the call. A system's decision takes and returns scalars
+The threads claim chunks in turn from an atomic counter, so a vCPU the host slows does less of
+the work instead of holding up the call. A system's decision takes and returns scalars
 (:mod:`~clipbench.impls.own.numba.fused_decision`) and its short runs are applied through
-pointers (``apply.apply_run_f32``). Tens of thousands of tiny systems are per-system work,
-not bandwidth, and a scalar decision (~30 ns) and an unpredictable keep-or-scale branch
-cost more than their data: chunks of tiny systems go in groups (``_in_groups``), decided in
-vector lanes (:mod:`~clipbench.impls.own.numba.lane_decisions`) and applied in masked
-steps (:mod:`~clipbench.impls.own.numba.masked_apply`). A call whose chunks cannot be balanced (a system larger than a thread's
-share) goes to :mod:`~clipbench.impls.own.numba.long_runs`, which cuts runs into blocks.
-Near-ties are settled exactly on the host afterwards; ids that turn out unsorted or out of
-range, and non-finite elements in zero mode, hand the whole call back to the general route,
-which raises the same errors.
+pointers (``apply.apply_run_f32``). Tens of thousands of tiny systems are per-system work, not
+bandwidth, and a scalar decision (~30 ns) and an unpredictable keep-or-scale branch cost more
+than their data: chunks of tiny systems go in groups (``_in_groups``), decided in vector lanes
+(:mod:`~clipbench.impls.own.numba.lane_decisions`, which also give each system's float32 factor,
+so that keeping and scaling take the same branch-free path) and applied in masked steps
+(:mod:`~clipbench.impls.own.numba.masked_apply`). A call whose chunks cannot be balanced (a
+system larger than a thread's share) goes to :mod:`~clipbench.impls.own.numba.long_runs`, which
+cuts runs into blocks. Near-ties are settled exactly on the host afterwards; ids that turn out
+unsorted or out of range, and non-finite elements in zero mode, hand the whole call back to the
+general route, which raises the same errors.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK,
 from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
 from clipbench.impls.own.numba.lane_decisions import decide_group
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
-from clipbench.impls.own.numba.masked_apply import apply_tiny_run_f32
+from clipbench.impls.own.numba.masked_apply import apply_tiny_run_f32, scale_run_masked
 from clipbench.impls.own.numba.max_step import step_block_f32
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
 from clipbench.impls.own.numba.records import FusedOutputs, FusedRule, Ids, Leaves, Threshold
-from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, run_end
+from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, run_end, scan_group
+from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32, short_step_f32
 from clipbench.impls.own.numba.segments import rows_below, rows_below_each
 from clipbench.impls.own.numba.ties import tie_is_kept
 
@@ -66,10 +69,12 @@ GROUP = 256
 def _make_systems_loop(grouped: bool):
   """The loop of ``fused_systems`` over systems [k0, k1): one system at a time (``grouped``
   False: each decided by ``decide`` and applied while in L1), or GROUP at a time for tiny
-  systems (scanned and summed with the same blocks, decided together in vector lanes, then
-  applied in masked steps). ``grouped`` is a compile-time constant: each loop is compiled
-  without the other's branches (one loop with the choice at run time took W3 402 ns and W5
-  83 ns a system, against 380 and 56 for the two loops; docs/cpu-kernels.md)."""
+  systems (the group scanned, then summed with the same blocks, decided together in vector
+  lanes and applied in masked steps). Each group is scanned before it is summed: no branch of
+  the scan then interrupts the sums, whose chains of additions overlap from system to system.
+  ``grouped`` is a compile-time constant: each loop is compiled without the other's branches
+  (one loop with the choice at run time took W3 402 ns and W5 83 ns a system, against 380
+  and 56 for the two loops; docs/cpu-kernels.md)."""
   group = GROUP if grouped else 1
 
   @njit(**JIT)
@@ -77,38 +82,53 @@ def _make_systems_loop(grouped: bool):
     nl = leaves.addrs.size
     c_m, c_e, c_inf = rule.threshold
     cur = rows0.copy()
-    bounds = np.empty((group + 1, nl), dtype=np.int64)
+    bounds = np.empty((nl, group + 1), dtype=np.int64)
     counts = np.empty(group, dtype=np.int64)
     flags = np.empty(group, dtype=np.int64)
     usual = np.empty(group, dtype=np.bool_)
+    factors = np.empty(group, dtype=np.float32)
+    in_steps = np.empty(group, dtype=np.bool_)
     for g0 in range(k0, k1, group):
       ng = min(group, k1 - g0)
       for l in range(nl):
-        bounds[0, l] = cur[l]
+        bounds[l, 0] = cur[l]
+        if grouped:
+          e = scan_group(ids.addrs[l], ids.codes[l], cur[l], rows1[l], g0, ng, bounds[l, 1:])
+        else:
+          e = run_end(ids.addrs[l], ids.codes[l], cur[l], rows1[l], g0)
+          bounds[l, 1] = e
+        if e < 0:
+          return FUSED_UNSORTED
+        cur[l] = e
       for j in range(ng):
         k = g0 + j
         total = 0.0
         count = 0
         flag = 0
         for l in range(nl):
-          r = cur[l]
-          e = run_end(ids.addrs[l], ids.codes[l], r, rows1[l], k)
-          if e < 0:
-            return FUSED_UNSORTED
-          bounds[j + 1, l] = e
-          cur[l] = e
+          r = bounds[l, j]
+          e = bounds[l, j + 1]
           if e == r:
             continue
           start = r * leaves.rowsizes[l]
           end = e * leaves.rowsizes[l]
           count += end - start
           if rule.step:
-            a32 = numba.carray(ptr_u32(leaves.addrs[l]), end)
-            best = step_block_f32(a32[start:end], leaves.vecs[l])
+            if leaves.vecs[l] == 3 and end - start < SHORT:
+              best = short_step_f32(leaves.addrs[l] + 4 * start, end - start)
+            else:
+              a32 = numba.carray(ptr_u32(leaves.addrs[l]), end)
+              best = step_block_f32(a32[start:end], leaves.vecs[l])
             if best == np.inf:
               flag |= nonfinite_flags(leaves, l, start, end - start)
             else:
               total = max(total, best)
+            continue
+          if end - start < SHORT:  # what SQUARES_F32 does for a short block, without the call
+            part = short_squares_f32(leaves.addrs[l] + 4 * start, end - start)
+            if not math.isfinite(part):
+              flag |= nonfinite_flags(leaves, l, start, end - start)
+            total += part
             continue
           for b in range(start, end, BLOCK):
             n = min(BLOCK, end - b)
@@ -126,13 +146,20 @@ def _make_systems_loop(grouped: bool):
           out.norms[k], out.action[k], out.s_m[k], out.s_e[k], out.tie[k] = decide(
               total, count, flag, c_m[k], c_e[k], c_inf[k], rule)
       if grouped:
-        decide_group(g0, ng, counts, flags, usual, rule, out)
+        decide_group(g0, ng, counts, flags, usual, factors, in_steps, rule, out)
       for j in range(ng):
         k = g0 + j
+        if grouped and in_steps[j]:  # no branch on keep or scale, which is a coin toss here
+          for l in range(nl):
+            start = bounds[l, j] * leaves.rowsizes[l]
+            n = bounds[l, j + 1] * leaves.rowsizes[l] - start
+            scale_run_masked(leaves.addrs[l] + 4 * start, out.out_addrs[l] + 4 * start, n,
+                             factors[j])
+          continue
         how = run_action(out.action[k], out.s_m[k], out.s_e[k])
         for l in range(nl):
-          r = bounds[j, l]
-          e = bounds[j + 1, l]
+          r = bounds[l, j]
+          e = bounds[l, j + 1]
           if e > r:
             if grouped:
               apply_tiny_run_f32(leaves.addrs[l], out.out_addrs[l], leaves.sizes[l],

@@ -39,10 +39,13 @@ def _exponent_field(v):
 # usual lanes never divide by zero.
 @njit(error_model="numpy", **JIT)
 def _decide_lanes(k0, n, totals, counts, c_m, c_e, c_inf, step, step_rel_err, norms, action,
-                  s_m, s_e, tie, usual):
-  """Systems k0 + j, j in [0, n) (``counts`` and ``usual`` indexed by j, the rest by system):
-  ``decide``'s (norm, action, s_m, s_e, tie) where ``usual[j]`` comes out True; the other
-  lanes' entries are not to be used. Branch-free, so it vectorizes (indexed from 0 in views
+                  s_m, s_e, tie, usual, factors, in_steps):
+  """Systems k0 + j, j in [0, n) (``counts``, ``usual``, ``factors`` and ``in_steps`` indexed
+  by j, the rest by system): ``decide``'s (norm, action, s_m, s_e, tie) where ``usual[j]``
+  comes out True; the other lanes' entries are not to be used. ``in_steps[j]``: a usual lane
+  whose runs the masked steps can apply, kept (``factors[j]`` 1.0) or scaled by a factor
+  that is a float32 (``factors[j]``, ``ldexp(s_m, s_e)``, as ``fused_decision.run_action``
+  gives it). Branch-free, so it vectorizes (indexed from 0 in views
   of the group: an index k0 + j might be negative to numba, whose wraparound select then
   keeps the loop scalar)."""
   k1 = k0 + n
@@ -88,25 +91,33 @@ def _decide_lanes(k0, n, totals, counts, c_m, c_e, c_inf, step, step_rel_err, no
     q_m = f64((u64(q) & ~_EXPONENT) | (np.uint64(1022) << np.uint64(52)))
     q_e = field - 1022
     q_m = math.floor(q_m * 2.0 ** SCALE_BITS) * 2.0 ** -SCALE_BITS
+    se = q_e + d
+    sv = q_m * pow2(min(max(se, -1022), 1023))
+    sv32 = np.float32(sv)
+    factors[j] = np.float32(1.0) if keep else sv32
+    in_steps[j] = ok & (keep | ((se >= -1022) & (se <= 1023) & (np.float64(sv32) == sv)))
     norms[j] = np.float32(norm_v * 2.0)
     action[j] = decision.KEEP if keep else decision.SCALE
     s_m[j] = q_m
-    s_e[j] = q_e + d
+    s_e[j] = se
     tie[j] = (not keep) & (not clip)
     usual[j] = ok
 
 
 @njit(inline="always", **JIT)
-def decide_group(k0, n, counts, flags, usual, rule, out):
+def decide_group(k0, n, counts, flags, usual, factors, in_steps, rule, out):
   """``decide`` for systems [k0, k0 + n) of a group, from their sums (``out.sums``), element
   counts and non-finite flags (``counts``, ``flags``: indexed from 0), into ``out``'s
   per-system arrays: the vector lanes, then ``decide`` itself for every lane outside the usual
-  case (``usual``: scratch of at least n)."""
+  case (``usual``: scratch of at least n). ``in_steps[j]`` (indexed from 0): the system's runs
+  go to ``masked_apply.scale_run_masked`` with the float32 factor ``factors[j]``; the other
+  systems' runs to ``masked_apply.apply_tiny_run_f32``."""
   c_m, c_e, c_inf = rule.threshold
   _decide_lanes(k0, n, out.sums, counts, c_m, c_e, c_inf, rule.step, rule.step_rel_err,
-                out.norms, out.action, out.s_m, out.s_e, out.tie, usual)
+                out.norms, out.action, out.s_m, out.s_e, out.tie, usual, factors, in_steps)
   for j in range(n):
     if flags[j] or not usual[j]:
+      in_steps[j] = False
       k = k0 + j
       out.norms[k], out.action[k], out.s_m[k], out.s_e[k], out.tie[k] = decide(
           out.sums[k], counts[j], flags[j], c_m[k], c_e[k], c_inf[k], rule)

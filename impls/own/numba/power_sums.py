@@ -11,6 +11,8 @@ at the end), which is what makes the pass memory-bound. The order is a fixed fun
 compiled code and the block length, never of the data's address (LLVM does not peel loops for
 alignment on x86; a test pins the bits at every offset), the thread, or other systems
 (SPEC rule 11). Squares of <= 32-bit floats are exact in float64, so only that order matters.
+A float32 block of squares shorter than ``short_sums.SHORT`` is summed in that module's fixed
+tree instead (no branches for a tiny system's runs; the fused route calls it directly).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from numba import njit
 from clipbench.impls.own import decision
 from clipbench.impls.own.numba.decode import BF16, F32, block_flags, load, views
 from clipbench.impls.own.numba.intrinsics import JIT, f32, ptr_u16, ptr_u32
+from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32
 
 ABS, SQ, INT, POW = 0, 1, 2, 3  # the kinds of term: |x|, x * x, |x|**n (n <= 64), |x|**p
 _REASSOC = dict(nogil=True, cache=True, fastmath={"reassoc"})
@@ -68,6 +71,8 @@ def _make_power_sum(kind: int, int_power: int = 0):
 
   @njit(**_REASSOC)
   def block_f32(xs, ip, p):
+    if kind == SQ and xs.size < SHORT:
+      return short_squares_f32(np.int64(xs.ctypes.data), np.int64(xs.size))
     s = 0.0
     for j in range(xs.size):
       s += term(abs(np.float64(f32(xs[j]))), ip, p)

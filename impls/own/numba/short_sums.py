@@ -1,0 +1,97 @@
+"""Sums of squares of short float32 blocks (fewer than ``SHORT`` elements): a fixed tree.
+
+A W5 system's runs are 6-24 positions and 9 cell elements. Summed by the block function's
+loop, a run that short costs more than its data: LLVM's vector loop and scalar tail have trip
+counts that vary from run to run (mispredicted branches), and its four lanes add up in a chain
+of up to a dozen dependent additions. A short block is therefore summed in an order of its
+own, the same on every CPU: the squares (float64, exact) of the block padded with +0.0 to
+``SHORT`` lanes, added as a balanced tree, lane j + 16 into lane j, then + 8, + 4, + 2 and +
+1. A padded lane adds +0.0, which leaves a sum of squares unchanged, so the order is a fixed
+function of the block's length and nothing else (SPEC rule 11). One masked load (lanes past
+the block are neither read nor fault) and five levels of additions, with no branch.
+``power_sums``' float32 block function calls it for every short block, so the general route's
+blocks, the fused route's runs and the long runs' blocks all sum a short block this way.
+
+Max-step's short runs of 3-vectors (``short_step_f32``) take the same masked load: each
+vector's squares summed in order, as ``max_step.step_block_f32`` sums them, and the largest
+sum taken on the bit patterns. A maximum does not depend on the order it is taken in, so this
+gives ``step_block_f32``'s value without a loop whose trip count changes from run to run.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from clipbench.impls.own.numba.intrinsics import broadcast
+
+SHORT = 32  # blocks with fewer elements are summed here
+
+_I32 = ir.IntType(32)
+
+
+def _masked_squares(b, addr, count, width):
+  """Squares in float64 of the ``width`` float32 at ``addr``: lanes j < count loaded, the
+  others +0.0 (never read)."""
+  vi32 = ir.VectorType(_I32, width)
+  mask = b.icmp_signed("<", ir.Constant(vi32, list(range(width))),
+                       broadcast(b, b.trunc(count, _I32), vi32))
+  ptr = vi32.as_pointer()
+  load = cgutils.get_or_insert_function(
+      b.module, ir.FunctionType(vi32, [ptr, _I32, mask.type, vi32]),
+      f"llvm.masked.load.v{width}i32.p0")
+  bits = b.call(load, [b.inttoptr(addr, ptr), ir.Constant(_I32, 4), mask,
+                       ir.Constant(vi32, None)])
+  magnitude = b.and_(bits, ir.Constant(vi32, [0x7FFFFFFF] * width))
+  wide = b.fpext(b.bitcast(magnitude, ir.VectorType(ir.FloatType(), width)),
+                 ir.VectorType(ir.DoubleType(), width))
+  return b.fmul(wide, wide)
+
+
+def _lanes(b, vec, lanes):
+  return b.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined),
+                          ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
+
+
+@intrinsic
+def short_squares_f32(typingctx, addr, n):
+  """The sum of squares (float64) of the n < SHORT float32 at ``addr``, in the tree of the
+  module docstring."""
+  sig = types.float64(types.int64, types.int64)
+
+  def codegen(context, builder, signature, args):
+    b = builder
+    lanes = _masked_squares(b, args[0], args[1], SHORT)
+    width = SHORT
+    while width > 1:
+      half = width // 2
+      lanes = b.fadd(_lanes(b, lanes, list(range(half))),
+                     _lanes(b, lanes, list(range(half, width))))
+      width = half
+    return b.extract_element(lanes, ir.Constant(_I32, 0))
+  return sig, codegen
+
+
+@intrinsic
+def short_step_f32(typingctx, addr, n):
+  """``max_step.step_block_f32(xs, 3)`` for the n < SHORT float32 at ``addr`` (whole
+  3-vectors): the largest vector sum of squares ``(x0 * x0 + x1 * x1) + x2 * x2``, inf when
+  some element is not finite."""
+  sig = types.float64(types.int64, types.int64)
+
+  def codegen(context, builder, signature, args):
+    b = builder
+    squares = _masked_squares(b, args[0], args[1], SHORT)
+    vectors = SHORT // 3
+    x0, x1, x2 = (_lanes(b, squares, list(range(c, 3 * vectors, 3))) for c in range(3))
+    sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), vectors))
+    umax = cgutils.get_or_insert_function(
+        b.module, ir.FunctionType(ir.IntType(64), [sums.type]),
+        f"llvm.vector.reduce.umax.v{vectors}i64")
+    best = b.call(umax, [sums])
+    finite = b.icmp_unsigned("<", best, ir.Constant(ir.IntType(64), 0x7FF0000000000000))
+    return b.select(finite, b.bitcast(best, ir.DoubleType()),
+                    ir.Constant(ir.DoubleType(), float("inf")))
+  return sig, codegen
