@@ -148,6 +148,32 @@ def test_tiny_systems_in_groups_give_the_general_route_bits(monkeypatch, op, see
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_tiny_systems_over_many_leaves_give_the_general_route_bits(monkeypatch, op):
+  # With many leaves a group holds fewer systems (its run bounds, leaves x systems, stay
+  # within fused.GROUP_BOUNDS): 300 leaves of rows of 3, most systems with no row in most
+  # leaves, go in groups of fused.GROUP_MIN systems.
+  rng = np.random.default_rng(25)
+  num_systems = 1_000
+  leaves, segments = [], []
+  for _ in range(300):
+    ids = np.sort(rng.choice(num_systems, int(rng.integers(0, 60)), replace=False))
+    leaves.append((rng.standard_normal((ids.size, 3)) *
+                   10.0 ** rng.uniform(-20, 3)).astype(np.float32))
+    segments.append(ids.astype(np.int64))
+  assert _elements_per_system_fit_groups(leaves, num_systems)
+  assert fused.GROUP_BOUNDS // len(leaves) < fused.GROUP_MIN
+  sums = np.full(num_systems, np.nan)
+  step = op == "clip_by_max_step"
+  assert _fused(leaves, segments, num_systems, step, sums=sums) is not None
+  np.testing.assert_array_equal(sums.view(np.uint64),
+                                _general_sums(leaves, segments, num_systems, step).view(np.uint64))
+  for threshold in (1.0, float(np.median(np.sqrt(sums[sums > 0])))):
+    kwargs = dict(segments=segments, num_systems=num_systems)
+    _assert_same_bits(getattr(api, op)(leaves, threshold, **kwargs),
+                      _general(monkeypatch, op, leaves, threshold, **kwargs))
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("mode", ("propagate", "zero"))
 def test_tiny_systems_with_nonfinite_elements_match_the_general_route(monkeypatch, op, mode):
   leaves, segments = _tiny_batch(24, 3_000)

@@ -33,9 +33,11 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   It gives the general route's bits (:mod:`.general`); unsorted or out-of-range ids and
   non-finite elements in zero mode hand the call to the general route, which raises the same
   errors. A system's decision takes and returns scalars (:mod:`.fused_decision`); chunks of
-  tiny systems (a few atoms each: per-system work, not bandwidth) go 256 systems at a time,
-  decided together in vector lanes (:mod:`.lane_decisions`) and applied in masked vector
-  steps (:mod:`.masked_apply`), each lane with the one-system code's bits. A call whose
+  tiny systems (a few atoms each: per-system work, not bandwidth) go up to 2,048 systems at
+  a time, their run ends found a window of ids at a time, short runs summed in a fixed tree
+  (:mod:`.short_sums`), decided together in vector lanes (:mod:`.lane_decisions`) and
+  applied in masked vector steps (:mod:`.masked_apply`), each lane with the one-system code's
+  bits. A call whose
   largest system would leave a thread idle (one giant system) takes :mod:`.long_runs`
   instead: the general route's blocks on every thread, ids checked and sums taken in one
   pass, then decided and applied, the same sums in the same order.

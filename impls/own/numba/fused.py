@@ -61,9 +61,12 @@ from clipbench.impls.own.numba.ties import tie_is_kept
 CHUNKS_PER_WORKER = 16
 CHUNK_MIN_BYTES = 1 << 18
 # Chunks whose systems hold at most TINY_ELEMENTS elements on average are decided and applied
-# GROUP systems at a time (docs/cpu-kernels.md, "Many tiny systems").
+# GROUP systems at a time, fewer when there are many leaves (a group's run bounds, leaves x
+# systems, stay within GROUP_BOUNDS; docs/cpu-kernels.md, "Many tiny systems").
 TINY_ELEMENTS = 64
-GROUP = 256
+GROUP = 2048
+GROUP_MIN = 64
+GROUP_BOUNDS = 8192
 
 
 def _make_systems_loop(grouped: bool):
@@ -75,11 +78,11 @@ def _make_systems_loop(grouped: bool):
   ``grouped`` is a compile-time constant: each loop is compiled without the other's branches
   (one loop with the choice at run time took W3 402 ns and W5 83 ns a system, against 380
   and 56 for the two loops; docs/cpu-kernels.md)."""
-  group = GROUP if grouped else 1
 
   @njit(**JIT)
   def systems_loop(k0, k1, rows0, rows1, leaves, ids, rule, out):
     nl = leaves.addrs.size
+    group = max(GROUP_MIN, min(GROUP, GROUP_BOUNDS // nl)) if grouped else 1
     c_m, c_e, c_inf = rule.threshold
     cur = rows0.copy()
     bounds = np.empty((nl, group + 1), dtype=np.int64)
