@@ -24,6 +24,7 @@ import time
 import jax
 
 from clipbench.benchmarks import timing, workloads
+from clipbench.benchmarks.script_args import add_scale_and_repeats, check_scale_and_repeats
 from clipbench.impls import registry
 
 IMPLS = ("clipbench.jax", "kups.ClipByGlobalNorm", "optax.clip_by_global_norm")
@@ -77,14 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--impl", action="append", default=None,
                       help=f"implementation (repeatable; default: {', '.join(IMPLS)})")
-  parser.add_argument("--scale", type=float, default=1.0,
-                      help="fraction of W1's full size (default 1)")
-  parser.add_argument("--repeats", type=int, default=30, help="timed calls per implementation")
+  add_scale_and_repeats(parser, scale=1.0, repeats=30, scale_help="fraction of W1's full size",
+                        repeats_help="timed calls per implementation")
   args = parser.parse_args(argv)
-  if not 0 < args.scale <= 1:
-    parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
-  if args.repeats < 1:
-    parser.error(f"--repeats: expected at least 1, got {args.repeats}")
+  check_scale_and_repeats(parser, args)
   print(f"{WORKLOAD} at scale {args.scale}, float32, inside jax.jit after x * a + b per leaf")
   print("\n".join(measure(args.impl or list(IMPLS), args.scale, args.repeats)), flush=True)
   return 0

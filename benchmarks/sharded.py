@@ -35,6 +35,8 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from clipbench.benchmarks import workloads  # noqa: E402
+from clipbench.benchmarks.script_args import (  # noqa: E402
+    add_scale_and_repeats, check_scale_and_repeats)
 from clipbench.impls import calling, registry  # noqa: E402
 
 IMPLS = ("clipbench.jax", "optax.clip_by_global_norm")
@@ -121,14 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                       help=f"implementation (repeatable; default: {', '.join(IMPLS)})")
   parser.add_argument("--workload", action="append", default=None, choices=workloads.NAMES,
                       help=f"workload (repeatable; default: {', '.join(WORKLOADS)})")
-  parser.add_argument("--scale", type=float, default=0.1,
-                      help="fraction of each workload's full size (default 0.1)")
-  parser.add_argument("--repeats", type=int, default=10, help="timed calls per point")
+  add_scale_and_repeats(parser, scale=0.1, repeats=10,
+                        scale_help="fraction of each workload's full size",
+                        repeats_help="timed calls per point")
   args = parser.parse_args(argv)
-  if not 0 < args.scale <= 1:
-    parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
-  if args.repeats < 1:
-    parser.error(f"--repeats: expected at least 1, got {args.repeats}")
+  check_scale_and_repeats(parser, args)
   print(f"{jax.device_count()} host CPU devices on {os.cpu_count()} cores "
         f"(devices share the cores: a ratio is the cost of the partitioned program)")
   for name in args.impl or IMPLS:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from clipbench.benchmarks import workloads
+from clipbench.benchmarks.script_args import add_scale_and_repeats, check_scale_and_repeats
 
 WORKLOADS = ("W1-model", "W3-relax-large")
 
@@ -110,15 +111,14 @@ def _free_port() -> int:
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--scale", type=float, default=0.25,
-                      help="workload scale (1.0: W1 16M elements, W3 20,000 systems)")
+  add_scale_and_repeats(parser, scale=0.25, repeats=7,
+                        scale_help="workload scale (1.0: W1 16M elements, W3 20,000 systems)",
+                        repeats_help="timed calls per point")
   parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-  parser.add_argument("--repeats", type=int, default=7)
   args = parser.parse_args(argv)
-  if not 0 < args.scale <= 1:
-    parser.error(f"--scale: expected a number in (0, 1], got {args.scale}")
-  if any(w < 1 for w in args.worlds) or args.repeats < 1:
-    parser.error("--worlds and --repeats: expected positive integers")
+  check_scale_and_repeats(parser, args)
+  if any(w < 1 for w in args.worlds):
+    parser.error(f"--worlds: expected positive integers, got {args.worlds}")
   import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
   print(f"{os.cpu_count()} CPU cores; torch {torch.__version__}; scale {args.scale:g}; "
         f"{args.repeats} repeats; load average {os.getloadavg()[0]:.1f}")

@@ -40,14 +40,13 @@ def _exponent_field(v):
 @njit(error_model="numpy", **JIT)
 def _decide_lanes(k0, n, totals, counts, c_m, c_e, c_inf, step, step_rel_err, norms, action,
                   s_m, s_e, tie, usual, factors, in_steps):
-  """Systems k0 + j, j in [0, n) (``counts``, ``usual``, ``factors`` and ``in_steps`` indexed
-  by j, the rest by system): ``decide``'s (norm, action, s_m, s_e, tie) where ``usual[j]``
-  comes out True; the other lanes' entries are not to be used. ``in_steps[j]``: a usual lane
-  whose runs the masked steps can apply, kept (``factors[j]`` 1.0) or scaled by a factor
-  that is a float32 (``factors[j]``, ``ldexp(s_m, s_e)``, as ``fused_decision.run_action``
-  gives it). Branch-free, so it vectorizes (indexed from 0 in views
-  of the group: an index k0 + j might be negative to numba, whose wraparound select then
-  keeps the loop scalar)."""
+  """Systems k0 + j, j in [0, n) (``counts``, ``usual``, ``factors`` and ``in_steps`` indexed by
+  j, the rest by system): ``decide``'s (norm, action, s_m, s_e, tie) where ``usual[j]`` comes
+  out True; the other lanes' entries are not to be used. ``in_steps[j]``: a usual lane whose
+  runs the masked steps can apply, kept (``factors[j]`` 1.0) or scaled by a factor that is a
+  float32 (``factors[j]``, ``ldexp(s_m, s_e)``, as ``fused_decision.run_action`` gives it).
+  Branch-free, so it vectorizes (indexed from 0 in views of the group: an index k0 + j might
+  be negative to numba, whose wraparound select then keeps the loop scalar)."""
   k1 = k0 + n
   totals, c_m, c_e, c_inf = totals[k0:k1], c_m[k0:k1], c_e[k0:k1], c_inf[k0:k1]
   norms, action, s_m, s_e, tie = norms[k0:k1], action[k0:k1], s_m[k0:k1], s_e[k0:k1], tie[k0:k1]

@@ -1,0 +1,26 @@
+"""The arguments every standalone benchmark script takes: a workload scale and a repeat count.
+
+``python -m clipbench.benchmarks.in_step``, ``.sharded`` and ``.sharded_torch`` time a few
+implementations outside ``clipbench bench``; each takes ``--scale`` (a fraction of the
+workloads' stated sizes) and ``--repeats`` (timed calls per point), checked the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_scale_and_repeats(parser: argparse.ArgumentParser, *, scale: float, repeats: int,
+                          scale_help: str, repeats_help: str) -> None:
+  parser.add_argument("--scale", type=float, default=scale,
+                      help=f"{scale_help} (default {scale:g})")
+  parser.add_argument("--repeats", type=int, default=repeats,
+                      help=f"{repeats_help} (default {repeats})")
+
+
+def check_scale_and_repeats(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """Exits through ``parser.error`` unless 0 < scale <= 1 and repeats >= 1."""
+  if not 0 < args.scale <= 1:
+    parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
+  if args.repeats < 1:
+    parser.error(f"--repeats: expected at least 1, got {args.repeats}")

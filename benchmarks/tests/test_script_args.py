@@ -1,0 +1,36 @@
+"""The standalone benchmark scripts' shared ``--scale`` and ``--repeats`` checks."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from clipbench.benchmarks.script_args import add_scale_and_repeats, check_scale_and_repeats
+
+
+def _parse(argv):
+  parser = argparse.ArgumentParser(prog="script")
+  add_scale_and_repeats(parser, scale=0.5, repeats=3, scale_help="scale", repeats_help="calls")
+  args = parser.parse_args(argv)
+  check_scale_and_repeats(parser, args)
+  return args
+
+
+def test_defaults_and_valid_values_pass():
+  args = _parse([])
+  assert (args.scale, args.repeats) == (0.5, 3)
+  args = _parse(["--scale", "1", "--repeats", "1"])
+  assert (args.scale, args.repeats) == (1.0, 1)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--scale", "0"], "--scale: expected a fraction in (0, 1], got 0.0"),
+    (["--scale", "1.5"], "--scale: expected a fraction in (0, 1], got 1.5"),
+    (["--scale", "nan"], "--scale: expected a fraction in (0, 1], got nan"),
+    (["--repeats", "0"], "--repeats: expected at least 1, got 0")])
+def test_bad_values_exit_naming_the_argument(capsys, argv, message):
+  with pytest.raises(SystemExit) as exited:
+    _parse(argv)
+  assert exited.value.code == 2
+  assert message in capsys.readouterr().err
