@@ -43,7 +43,8 @@ from clipbench.impls.own.numba.buffers import address, new_outputs
 from clipbench.impls.own.numba.decode import F16_TABLE
 from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
                                                       decide, nonfinite_flags, run_action)
-from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
+from clipbench.impls.own.numba.intrinsics import (JIT, claim_next, prefetch_read, prefetch_write,
+                                                  ptr_u32, store_fence)
 from clipbench.impls.own.numba.lane_decisions import decide_group
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
 from clipbench.impls.own.numba.masked_apply import apply_tiny_run_f32, scale_run_masked
@@ -67,6 +68,12 @@ TINY_ELEMENTS = 64
 GROUP = 2048
 GROUP_MIN = 64
 GROUP_BOUNDS = 8192
+# In groups, each run's sums prefetch its leaf READ_AHEAD bytes ahead, and each masked step
+# prefetches its output WRITE_AHEAD bytes ahead (for ownership). A tiny system's loads and
+# masked stores are too few and too irregular for the hardware prefetchers to run ahead of
+# them from memory (docs/cpu-kernels.md, "Prefetching the groups' streams").
+READ_AHEAD = 2048
+WRITE_AHEAD = 1024
 
 
 def _make_systems_loop(grouped: bool):
@@ -116,6 +123,8 @@ def _make_systems_loop(grouped: bool):
           start = r * leaves.rowsizes[l]
           end = e * leaves.rowsizes[l]
           count += end - start
+          if grouped:
+            prefetch_read(leaves.addrs[l] + 4 * start + READ_AHEAD)
           if rule.step:
             if leaves.vecs[l] == 3 and end - start < SHORT:
               best = short_step_f32(leaves.addrs[l] + 4 * start, end - start)
@@ -156,6 +165,7 @@ def _make_systems_loop(grouped: bool):
           for l in range(nl):
             start = bounds[l, j] * leaves.rowsizes[l]
             n = bounds[l, j + 1] * leaves.rowsizes[l] - start
+            prefetch_write(out.out_addrs[l] + 4 * start + WRITE_AHEAD)
             scale_run_masked(leaves.addrs[l] + 4 * start, out.out_addrs[l] + 4 * start, n,
                              factors[j])
           continue

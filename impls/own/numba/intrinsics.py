@@ -3,13 +3,16 @@
 Raw pointers from addresses (leaves are read in place through their data pointers), bit
 casts between floats and their integer patterns (comparisons and ulp steps on the bits), a
 fused multiply-add for one float type (exact product errors), the x86 store fence that
-streamed stores need, and an atomic fetch-and-add (threads claiming chunks of work).
+streamed stores need, an atomic fetch-and-add (threads claiming chunks of work) and software
+prefetches (loops whose loads and stores the hardware prefetchers do not run far enough
+ahead of).
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 # Options of every compiled kernel: serial code that releases the GIL (the thread pool runs
@@ -96,6 +99,31 @@ def store_fence(typingctx):
     builder.call(fence, [])
     return context.get_dummy_value()
   return sig, codegen
+
+
+def _prefetch_intrinsic(write: int):
+  """A prefetch of the cache line at an address into all cache levels, for a read (``write``
+  0: prefetcht0) or a write (1: prefetchw). A prefetch never faults: an address past the end
+  of an array, or not mapped at all, is allowed and ignored."""
+
+  @intrinsic
+  def prefetch(typingctx, addr):
+    sig = types.void(types.int64)
+
+    def codegen(context, builder, signature, args):
+      i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+      fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+          ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
+      # Operands: read or write, locality 3 (keep in every level), data cache.
+      builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, write),
+                        ir.Constant(i32, 3), ir.Constant(i32, 1)])
+      return context.get_dummy_value()
+    return sig, codegen
+  return prefetch
+
+
+prefetch_read = _prefetch_intrinsic(0)
+prefetch_write = _prefetch_intrinsic(1)
 
 
 @intrinsic
