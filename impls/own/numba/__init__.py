@@ -37,7 +37,8 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   a time, their run ends found a window of ids at a time, short runs summed in a fixed tree
   (:mod:`.short_sums`), decided together in vector lanes (:mod:`.lane_decisions`) and
   applied in masked vector steps (:mod:`.masked_apply`), each lane with the one-system code's
-  bits. A call whose
+  bits; each run's leaf and output are prefetched a fixed distance ahead, which the hardware
+  prefetchers do not do for such short runs. A call whose
   largest system would leave a thread idle (one giant system) takes :mod:`.long_runs`
   instead: the general route's blocks on every thread, ids checked and sums taken in one
   pass, then decided and applied, the same sums in the same order.
