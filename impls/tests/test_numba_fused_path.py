@@ -346,6 +346,39 @@ def test_rows_below_each_counts_ids_below_every_key(id_dtype):
   assert got.tolist() == [int(np.sum(ids.astype(np.int64) < k)) for k in keys]
 
 
+@pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("ids", ("sorted", "empty systems", "out of range", "unsorted"))
+def test_chunk_cuts_split_the_largest_leaf_and_search_the_others(id_dtype, ids):
+  # Chunk t: systems [cuts[t], cuts[t+1]), rows [bounds[t, l], bounds[t+1, l]) of leaf l;
+  # what a binary search of the ids at the largest leaf's even splits gives (numpy's).
+  rng = np.random.default_rng(3)
+  big = np.sort(rng.integers(0, 50, 997))
+  small = np.arange(50)
+  if ids == "empty systems":
+    big, small = big[(big < 10) | (big > 30)], small[small % 3 != 0]
+  elif ids == "out of range":
+    big[:5], big[-5:], small[-1] = -7, 80, 2**31 - 1
+  elif ids == "unsorted":
+    rng.shuffle(big)
+  segments = [big.astype(id_dtype), small.astype(id_dtype)]
+  layout = leaf_layout([np.zeros((big.size, 3), np.float32),
+                        np.zeros((small.size, 3, 3), np.float32)])
+  parts = 7
+  cuts, bounds = fused._cut_chunks(fused.ids_of(segments).addrs, fused.ids_of(segments).codes,
+                                   layout.rows, 0, 50, parts)
+  want_cuts = np.empty(parts + 1, dtype=np.int64)
+  want_cuts[0], want_cuts[parts] = 0, 50
+  want_cuts[1:parts] = segments[0][big.size * np.arange(1, parts) // parts]
+  want_cuts = np.minimum(np.maximum.accumulate(want_cuts), 50)
+  want_bounds = np.stack([np.searchsorted(g.astype(np.int64), want_cuts) for g in segments], 1)
+  want_bounds[0], want_bounds[parts] = 0, layout.rows
+  want_bounds = np.maximum.accumulate(want_bounds, axis=0)
+  assert cuts.tolist() == want_cuts.tolist()
+  if ids != "unsorted":  # a binary search of unsorted ids depends on its probes
+    assert bounds.tolist() == want_bounds.tolist()
+  assert (np.diff(bounds, axis=0) >= 0).all() and bounds[-1].tolist() == layout.rows.tolist()
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("chunks", ("one", "some", "one per system"))
 def test_chunking_never_changes_bits(monkeypatch, op, chunks):

@@ -103,10 +103,10 @@ def test_blocks_are_taken_only_for_unbalanced_chunks(monkeypatch):
   from clipbench.impls.own.numba.layout import leaf_layout
   giant, giant_segments, ns = _giant(9, 4 * BLOCK, 10)
   layout = leaf_layout(giant)
-  _, bounds = fused._chunks(layout, giant_segments, ns)
+  _, bounds = fused._chunks(layout, fused.ids_of(giant_segments), ns)
   assert long_runs.unbalanced(bounds, layout)
   even = [np.zeros((4000, 3), np.float32), np.zeros((40, 3, 3), np.float32)]
   even_segments = [np.repeat(np.arange(40), 100), np.arange(40)]
   layout = leaf_layout(even)
-  _, bounds = fused._chunks(layout, even_segments, 40)
+  _, bounds = fused._chunks(layout, fused.ids_of(even_segments), 40)
   assert not long_runs.unbalanced(bounds, layout)

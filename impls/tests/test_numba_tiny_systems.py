@@ -84,25 +84,30 @@ def _decision_inputs(seed: int, n: int = 50_000):
   return totals, counts, flags, (c_m, c_e, c_inf)
 
 
-@pytest.mark.parametrize("step", (False, True))
-@pytest.mark.parametrize("group", (1, 7, 64, 256))
-def test_group_decisions_are_decide_bit_for_bit(step, group):
-  totals, counts, flags, (c_m, c_e, c_inf) = _decision_inputs(int(step) + group)
-  rule = FusedRule(Threshold(c_m, c_e, c_inf), step, 2.0 ** -50 if step else 0.0, False)
+def _check_group_decisions(totals, counts, flags, threshold, step, group, one_threshold,
+                           mostly_usual=True):
+  """Groups decided in lanes against ``decide`` system by system; a ``one_threshold`` rule
+  holds one threshold for every system (``decide`` then sees it copied per system)."""
+  each = tuple(np.ascontiguousarray(np.broadcast_to(part, totals.shape)) for part in threshold)
+  rule_each = FusedRule(Threshold(*each), step, 2.0 ** -50 if step else 0.0, False)
+  rule = FusedRule(Threshold(*threshold), step, 2.0 ** -50 if step else 0.0, False,
+                   one_threshold)
   want, got = _outputs(totals), _outputs(totals)
-  _decide_each(totals, counts, flags, rule, want)
+  _decide_each(totals, counts, flags, rule_each, want)
   usual = np.zeros(1, dtype=np.int64)
   factors = np.empty(totals.size, dtype=np.float32)
   in_steps = np.empty(totals.size, dtype=np.bool_)
   _decide_in_groups(group, counts, flags, rule, got, usual, factors, in_steps)
-  # Most lanes must be decided in the vector lanes, or this test would check only decide.
-  assert usual[0] > 0.8 * totals.size
+  if mostly_usual:
+    # Most lanes must be decided in the vector lanes, or this test would check only decide.
+    assert usual[0] > 0.8 * totals.size
+    assert in_steps.sum() > 0.5 * totals.size
   # A system applied in masked steps has the factor run_action gives it: 1.0 when kept,
   # else ldexp(s_m, s_e), a float32; and only kept or scaled systems go there.
-  assert in_steps.sum() > 0.5 * totals.size
   kept = want.action[in_steps] == 0
   assert set(np.unique(want.action[in_steps])) <= {0, 1}
-  sv = np.ldexp(want.s_m[in_steps], want.s_e[in_steps])
+  with np.errstate(over="ignore"):  # kept systems: their s_m, s_e are not a factor
+    sv = np.ldexp(want.s_m[in_steps], want.s_e[in_steps])
   expected = np.where(kept, 1.0, sv)
   np.testing.assert_array_equal(factors[in_steps].astype(np.float64), expected)
   assert not in_steps[flags != 0].any()
@@ -112,6 +117,31 @@ def test_group_decisions_are_decide_bit_for_bit(step, group):
     if field in ("s_m", "s_e"):
       w, g = w[kept], g[kept]
     np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=field)
+
+
+@pytest.mark.parametrize("step", (False, True))
+@pytest.mark.parametrize("group", (1, 7, 64, 256))
+def test_group_decisions_are_decide_bit_for_bit(step, group):
+  totals, counts, flags, threshold = _decision_inputs(int(step) + group)
+  _check_group_decisions(totals, counts, flags, threshold, step, group, False)
+
+
+@pytest.mark.parametrize("step", (False, True))
+@pytest.mark.parametrize("threshold", ((0.6, 0, False), (0.75, 40, False), (0.0, 0, False),
+                                       (1.0, 0, True), (0.5, 3_000, False),
+                                       (0.5, -3_000, False)),
+                         ids=("usual", "large", "zero", "inf", "beyond-above", "beyond-below"))
+def test_group_decisions_with_one_threshold_for_all(step, threshold):
+  """One threshold for every system (the usual call) is read once by the lanes: the same bits
+  as that threshold copied per system, in and outside the lanes' usual case."""
+  totals, counts, flags, _ = _decision_inputs(7 + int(step), n=5_000)
+  totals = np.where(np.arange(totals.size) % 2 == 0, totals,
+                    10.0 ** np.random.default_rng(1).uniform(-2, 2, totals.size))
+  c_m, c_e, c_inf = threshold
+  parts = (np.array([c_m]), np.array([c_e], dtype=np.int64), np.array([c_inf]))
+  _check_group_decisions(totals, counts, flags, parts, step, 64, True,
+                         mostly_usual=threshold[0] > 0 and not threshold[2] and
+                         abs(threshold[1]) < 1000)
 
 
 @njit(**JIT)

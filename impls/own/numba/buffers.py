@@ -9,6 +9,7 @@ because first-touch page faults on fresh memory cost about one more pass.
 from __future__ import annotations
 
 import contextlib
+import functools
 import contextvars
 import sys
 import threading
@@ -161,16 +162,35 @@ def new_outputs(codes: np.ndarray, sizes: np.ndarray,
     if addresses is None:
       addresses = np.array([address(o) if o.size else 0 for o in destination], dtype=np.int64)
     return destination, addresses
-  nl = codes.size
-  outs: list[Any] = [None] * nl
-  out_addrs = np.zeros(nl, dtype=np.int64)
+  outs: list[Any] = [None] * codes.size
+  out_addrs = np.zeros(codes.size, dtype=np.int64)
+  for code, idx, starts, code_sizes, where, byte_starts, elements in _output_plan(
+      np.asarray(codes, dtype=np.int8).tobytes(), np.asarray(sizes, dtype=np.int64).tobytes()):
+    itemsize = int(ITEMSIZE[code])
+    raw = _BUFFERS.empty(elements + 64 // itemsize, DTYPES[code])
+    buf = raw[(-address(raw) % 64) // itemsize:]
+    out_addrs[where] = address(buf) + byte_starts
+    _split_views(buf, idx, starts, code_sizes, shapes, outs)
+  return outs, out_addrs
+
+
+@functools.lru_cache(maxsize=64)
+def _output_plan(codes: bytes, sizes: bytes) -> tuple[tuple[Any, ...], ...]:
+  """Where each leaf's output goes in its dtype's buffer, for leaves of these int8 dtype codes
+  and int64 sizes (as bytes): per dtype code present, (code, leaf indices, their starts and
+  sizes in elements (lists), the indices and starts in bytes (arrays), buffer elements).
+  Calls in a loop repeat their layout, which then costs a lookup instead of a dozen array
+  operations per dtype."""
+  code_of = np.frombuffer(codes, dtype=np.int8)
+  size_of = np.frombuffer(sizes, dtype=np.int64)
+  plan = []
   for code in range(4):
-    idx = np.flatnonzero(codes == code)
+    idx = np.flatnonzero(code_of == code)
     if not idx.size:
       continue
     # Leaves long enough to be streamed come first, each starting on a 64-byte boundary
     # (so are all their blocks); the others follow, packed.
-    code_sizes = sizes[idx]
+    code_sizes = size_of[idx]
     large = code_sizes >= STREAM_MIN
     idx = np.concatenate([idx[large], idx[~large]])
     code_sizes = np.concatenate([code_sizes[large], code_sizes[~large]])
@@ -178,11 +198,11 @@ def new_outputs(codes: np.ndarray, sizes: np.ndarray,
     slots = np.where(np.arange(code_sizes.size) < np.count_nonzero(large),
                      -(-code_sizes // align) * align, code_sizes)
     starts = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
-    raw = _BUFFERS.empty(int(slots.sum()) + align, DTYPES[code])
-    buf = raw[(-address(raw) % 64) // int(ITEMSIZE[code]):]
-    out_addrs[idx] = address(buf) + starts * ITEMSIZE[code]
-    _split_views(buf, idx.tolist(), starts.tolist(), code_sizes.tolist(), shapes, outs)
-  return outs, out_addrs
+    byte_starts = starts * ITEMSIZE[code]
+    idx.flags.writeable = byte_starts.flags.writeable = False  # shared by every call
+    plan.append((code, idx.tolist(), starts.tolist(), code_sizes.tolist(), idx, byte_starts,
+                 int(slots.sum())))
+  return tuple(plan)
 
 
 def _split_views(buf, idx, starts, sizes, shapes, outs) -> None:

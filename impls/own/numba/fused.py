@@ -43,18 +43,19 @@ from clipbench.impls.own.numba.apply import apply_run_f32
 from clipbench.impls.own.numba.buffers import address, new_outputs
 from clipbench.impls.own.numba.decode import F16_TABLE
 from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
-                                                      decide, nonfinite_flags, run_action)
+                                                      decide, nonfinite_flags, run_action,
+                                                      threshold_of)
 from clipbench.impls.own.numba.intrinsics import (JIT, claim_next, prefetch_read, prefetch_write,
-                                                  ptr_u32, store_fence)
+                                                  ptr_i32, ptr_i64, ptr_u32, store_fence)
 from clipbench.impls.own.numba.lane_decisions import decide_group
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
 from clipbench.impls.own.numba.masked_apply import apply_tiny_run_f32, scale_run_masked
 from clipbench.impls.own.numba.max_step import step_block_f32
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
 from clipbench.impls.own.numba.records import FusedOutputs, FusedRule, Ids, Leaves, Threshold
-from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, run_end, scan_group
+from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, SEG_I64, run_end, scan_group
 from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32, short_step_f32
-from clipbench.impls.own.numba.segments import rows_below, rows_below_each
+from clipbench.impls.own.numba.segments import rows_below
 from clipbench.impls.own.numba.ties import tie_is_kept
 
 # The systems are cut into chunks that the threads claim in turn: up to this many per thread,
@@ -91,7 +92,6 @@ def _make_systems_loop(grouped: bool):
   def systems_loop(k0, k1, rows0, rows1, leaves, ids, rule, out):
     nl = leaves.addrs.size
     group = max(GROUP_MIN, min(GROUP, GROUP_BOUNDS // nl)) if grouped else 1
-    c_m, c_e, c_inf = rule.threshold
     cur = rows0.copy()
     bounds = np.empty((nl, group + 1), dtype=np.int64)
     counts = np.empty(group, dtype=np.int64)
@@ -156,8 +156,9 @@ def _make_systems_loop(grouped: bool):
         counts[j] = count
         flags[j] = flag
         if not grouped:
+          c_m, c_e, c_inf = threshold_of(rule, k)
           out.norms[k], out.action[k], out.s_m[k], out.s_e[k], out.tie[k] = decide(
-              total, count, flag, c_m[k], c_e[k], c_inf[k], rule)
+              total, count, flag, c_m, c_e, c_inf, rule)
       if grouped:
         decide_group(g0, ng, counts, flags, usual, factors, in_steps, rule, out)
       for j in range(ng):
@@ -253,7 +254,13 @@ def qualifies(leaves: list[np.ndarray], segments: Any, num_systems: Any, nonfini
   return True
 
 
-def _chunks(layout: LeafLayout, segments: list[np.ndarray], num_systems: int):
+def ids_of(segments: list[np.ndarray]) -> Ids:
+  """The :class:`~clipbench.impls.own.numba.records.Ids` of a call's segment id arrays."""
+  return Ids(np.array([address(g) for g in segments], dtype=np.int64),
+             np.array([SEG_CODE_OF[g.dtype] for g in segments], dtype=np.int64))
+
+
+def _chunks(layout: LeafLayout, ids: Ids, num_systems: int):
   """(cuts, bounds): chunk t holds systems [cuts[t], cuts[t + 1]) and, in leaf l, rows
   [bounds[t, l], bounds[t + 1, l]). Cut where the largest leaf's rows split evenly; each
   leaf's rows are cut at the same systems (a binary search, checked by the kernels: if the
@@ -263,17 +270,43 @@ def _chunks(layout: LeafLayout, segments: list[np.ndarray], num_systems: int):
   parts = 1 if total < threads.PARALLEL_MIN else min(
       ns, threads.WORKERS * CHUNKS_PER_WORKER, max(threads.WORKERS,
                                                    4 * total // CHUNK_MIN_BYTES))
-  big = int(np.argmax(sizes))
+  return _cut_chunks(ids.addrs, ids.codes, rows, int(np.argmax(sizes)), ns, parts)
+
+
+@njit(inline="always", **JIT)
+def _id_at(seg_addr, seg_code, r):
+  """Id r of the int64 (SEG_I64) or int32 id array at ``seg_addr``."""
+  if seg_code == SEG_I64:
+    return np.int64(numba.carray(ptr_i64(seg_addr), r + 1)[r])
+  return np.int64(numba.carray(ptr_i32(seg_addr), r + 1)[r])
+
+
+@njit(**JIT)
+def _cut_chunks(seg_addrs, seg_codes, rows, big, ns, parts):
+  """``_chunks``' cuts and bounds: the ids at the largest leaf's even splits (made
+  non-decreasing and at most ns), and in every leaf the rows whose ids are below each cut
+  (a binary search, as ``segments.rows_below_each``; unsorted ids give some bounds, which the
+  kernels then reject). The first chunk starts at row 0, the last ends at the last row."""
+  nl = rows.size
   cuts = np.empty(parts + 1, dtype=np.int64)
-  cuts[0], cuts[parts] = 0, ns
-  cuts[1:parts] = segments[big][rows[big] * np.arange(1, parts, dtype=np.int64) // parts]
-  np.maximum.accumulate(cuts, out=cuts)  # unchecked ids may go down or out of range
-  np.minimum(cuts, ns, out=cuts)
-  bounds = np.empty((parts + 1, len(segments)), dtype=np.int64)
-  for l, g in enumerate(segments):
-    bounds[:, l] = rows_below_each(g, cuts)
-  bounds[0], bounds[parts] = 0, rows  # every row is scanned, ids out of range included
-  np.maximum.accumulate(bounds, axis=0, out=bounds)
+  cuts[0] = 0
+  for t in range(1, parts):
+    cuts[t] = min(max(_id_at(seg_addrs[big], seg_codes[big], rows[big] * t // parts),
+                      cuts[t - 1]), ns)
+  cuts[parts] = ns
+  bounds = np.empty((parts + 1, nl), dtype=np.int64)
+  for l in range(nl):
+    bounds[0, l] = 0
+    for t in range(1, parts):
+      lo, hi = 0, rows[l]
+      while lo < hi:
+        mid = (lo + hi) >> 1
+        if _id_at(seg_addrs[l], seg_codes[l], mid) < cuts[t]:
+          lo = mid + 1
+        else:
+          hi = mid
+      bounds[t, l] = max(lo, bounds[t - 1, l])
+    bounds[parts, l] = rows[l]
   return cuts, bounds
 
 
@@ -285,22 +318,22 @@ def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any,
   non-finite elements in zero mode). ``sums`` (float64, one per system) receives the
   per-system sums the decisions were made from."""
   ns = int(num_systems)
-  c = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (ns,))
-  # One threshold for every system (the usual call) is split once, not once per system.
-  one = c[:1] if c.strides == (0,) else c
-  c_m, c_e, c_inf = (np.ascontiguousarray(np.broadcast_to(part, (ns,)))
-                     for part in exact.exact_frexp(one))
+  c = np.asarray(threshold, dtype=np.float64)
+  # One threshold for every system (the usual call) is split once and read by every system:
+  # per-system copies of it cost the host ~0.1 ms and the kernel 17 bytes a system (W5).
+  one = c.ndim == 0
+  c_m, c_e, c_inf = exact.exact_frexp(c.reshape(-1))
   step_rel_err = float(decision.sum_rel_err(float(layout.vecs.max()), 0.0)) if step else 0.0
-  rule = FusedRule(Threshold(c_m, c_e.astype(np.int64), c_inf), step, step_rel_err, zero_mode)
+  rule = FusedRule(Threshold(c_m, c_e.astype(np.int64), c_inf), step, step_rel_err, zero_mode,
+                   one)
   outs, out_addrs = new_outputs(layout.codes, layout.sizes, layout.shapes)
   out = FusedOutputs(out_addrs, np.empty(ns) if sums is None else sums,
                      np.empty(ns, dtype=np.float32), np.empty(ns, dtype=np.int8), np.empty(ns),
                      np.empty(ns, dtype=np.int64), np.empty(ns, dtype=np.bool_))
   fused_leaves = Leaves(np.array([address(x) for x in leaves], dtype=np.int64), layout.sizes,
                         layout.codes, layout.rowsizes, layout.vecs, F16_TABLE)
-  ids = Ids(np.array([address(g) for g in segments], dtype=np.int64),
-            np.array([SEG_CODE_OF[g.dtype] for g in segments], dtype=np.int64))
-  cuts, bounds = _chunks(layout, segments, ns)
+  ids = ids_of(segments)
+  cuts, bounds = _chunks(layout, ids, ns)
   if long_runs.unbalanced(bounds, layout):
     if long_runs.run(fused_leaves, layout, ids, segments, rule, out) != FUSED_OK:
       return None
@@ -321,7 +354,7 @@ def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any,
     values = [x[lo:hi].astype(np.float64) for (x, _), (lo, hi) in zip(flat, spans)]
     if step:
       values = [v.reshape(-1, int(d)) for v, d in zip(values, layout.vecs)]
-    if tie_is_kept(values, float(c[k]), 2.0, step):
+    if tie_is_kept(values, float(c if one else c[k]), 2.0, step):
       for (x, o), (lo, hi) in zip(flat, spans):
         o[lo:hi] = x[lo:hi]
   return outs, out.norms

@@ -28,6 +28,14 @@ def nonfinite_flags(leaves, leaf, start, n):
 
 
 @njit(inline="always", **JIT)
+def threshold_of(rule, k):
+  """System k's threshold parts (c_m, c_e, c_inf) of ``rule`` (a FusedRule)."""
+  i = 0 if rule.one_threshold else k
+  c_m, c_e, c_inf = rule.threshold
+  return c_m[i], c_e[i], c_inf[i]
+
+
+@njit(inline="always", **JIT)
 def decide(total, count, flags, c_m, c_e, c_inf, rule):
   """One system's (float32 norm, action, s_m, s_e, near-tie flag) from its sum of squares (or
   largest vector sum), element count, non-finite flags and threshold ``c_m * 2**c_e``

@@ -32,7 +32,8 @@ from numba import njit
 from clipbench.impls.own.numba import threads
 from clipbench.impls.own.numba.apply import apply_run_f32
 from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
-                                                      decide, nonfinite_flags, run_action)
+                                                      decide, nonfinite_flags, run_action,
+                                                      threshold_of)
 from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout, build_blocks
 from clipbench.impls.own.numba.max_step import step_block_f32
@@ -105,12 +106,11 @@ def decide_systems(blocks, part, flags, rule, out):
       total[k] += part[it]
     count[k] += blocks.length[it]
     system_flags[k] |= flags[it]
-  c_m, c_e, c_inf = rule.threshold
   for k in range(ns):
     if system_flags[k] and rule.zero_mode:
       return FUSED_NONFINITE
-    norm, act, sm, se, tie = decide(total[k], count[k], system_flags[k], c_m[k], c_e[k],
-                                    c_inf[k], rule)
+    c_m, c_e, c_inf = threshold_of(rule, k)
+    norm, act, sm, se, tie = decide(total[k], count[k], system_flags[k], c_m, c_e, c_inf, rule)
     out.norms[k] = norm
     out.sums[k] = total[k]
     out.action[k] = act

@@ -108,11 +108,13 @@ class Ids(NamedTuple):
 
 class FusedRule(NamedTuple):
   """What the fused route computes: L2 (``step`` False) or max-step norms against
-  ``threshold`` (arrays, one per system), the step norm's error bound, non-finite mode."""
+  ``threshold`` (arrays of one per system, or of one for every system when
+  ``one_threshold``), the step norm's error bound, non-finite mode."""
   threshold: Threshold
   step: bool
   step_rel_err: float
   zero_mode: bool
+  one_threshold: bool = False
 
 
 class FusedOutputs(NamedTuple):
