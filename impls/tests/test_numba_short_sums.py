@@ -18,12 +18,23 @@ from numba import njit
 from clipbench.impls.own.numba.intrinsics import JIT
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
 from clipbench.impls.own.numba.max_step import step_block_f32
-from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32, short_step_f32
+from clipbench.impls.own.numba.short_sums import (SHORT, half_squares_f32, half_step_f32,
+                                                  short_squares_f32, short_step_f32)
 
 
 @njit(**JIT)
 def _short_sum(addr, n):
   return short_squares_f32(addr, n)
+
+
+@njit(**JIT)
+def _half_sum(addr, n):
+  return half_squares_f32(addr, n)
+
+
+@njit(**JIT)
+def _half_step(addr, n):
+  return half_step_f32(addr, n)
 
 
 def _tree(x: np.ndarray) -> float:
@@ -113,3 +124,30 @@ def test_short_steps_are_step_block_f32(seed):
       want = step_block_f32(bits[offset:offset + n], 3)
       got = _short_step(x.ctypes.data + 4 * offset, n)
       assert _bits(got) == _bits(want), (offset, n)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_half_width_sums_and_steps_give_the_full_trees_bits(seed):
+  """Runs of at most SHORT // 2 elements in half the lanes (the fused route's groups whose
+  runs are all that short): the same bits as the full tree and the full step, non-finite
+  elements included."""
+  x = _values(300 + seed, 4 * SHORT)
+  x[7 * seed + 2] = (np.inf, np.nan, -np.inf)[seed]
+  for offset in range(8):
+    addr = x.ctypes.data + 4 * offset
+    for n in range(SHORT // 2 + 1):
+      want, got = _short_sum(addr, n), _half_sum(addr, n)
+      assert _bits(got) == _bits(want) or (np.isnan(got) and np.isnan(want)), (offset, n)
+    for n in range(0, SHORT // 2, 3):
+      assert _bits(_half_step(addr, n)) == _bits(_short_step(addr, n)), (offset, n)
+
+
+def test_half_width_sums_and_steps_read_nothing_past_the_run(page_before_guard):
+  values = page_before_guard
+  values[:] = np.arange(values.size, dtype=np.float32) % 7
+  end = values.ctypes.data + values.nbytes
+  for n in range(SHORT // 2 + 1):
+    assert _bits(_half_sum(end - 4 * n, n)) == _bits(_tree(values[values.size - n:])), n
+  for n in range(0, SHORT // 2, 3):
+    want = step_block_f32(values[values.size - n:].view(np.uint32), 3)
+    assert _bits(_half_step(end - 4 * n, n)) == _bits(want), n

@@ -21,7 +21,8 @@ from clipbench.impls.own.numba.apply import scale_f32_fma
 from clipbench.impls.own.numba.fused_decision import decide
 from clipbench.impls.own.numba.intrinsics import JIT
 from clipbench.impls.own.numba.lane_decisions import decide_group
-from clipbench.impls.own.numba.masked_apply import MASK_LANES, scale_run_masked
+from clipbench.impls.own.numba.masked_apply import (MASK_LANES, scale_half_run_masked,
+                                                    scale_run_masked)
 from clipbench.impls.own.numba.records import FusedOutputs, FusedRule, Threshold
 
 
@@ -159,15 +160,18 @@ def _edge_values(n: int) -> np.ndarray:
   return x
 
 
+@pytest.mark.parametrize("half", (False, True), ids=("runs", "half runs"))
 @pytest.mark.parametrize("s32", (0.3, 0.99999994, 2.0 ** -100, 1e-30, 0.5))
-def test_masked_steps_scale_as_scale_f32_fma(s32):
+def test_masked_steps_scale_as_scale_f32_fma(s32, half):
   s32 = np.float32(s32)
   x = _edge_values(200).view(np.uint32)
+  lengths = range(MASK_LANES + 1) if half else list(range(0, 2 * MASK_LANES + 3)) + [64, 65, 150]
+  scale = scale_half_run_masked if half else scale_run_masked
   for start in (0, 1, 5):
-    for n in list(range(0, 2 * MASK_LANES + 3)) + [64, 65, 150]:
+    for n in lengths:
       got = np.full(210, 0xDEADBEEF, dtype=np.uint32)
       want = got.copy()
-      scale_run_masked(x.ctypes.data + 4 * start, got.ctypes.data + 4 * start, n, s32)
+      scale(x.ctypes.data + 4 * start, got.ctypes.data + 4 * start, n, s32)
       _scale_each(x[start:start + n], want[start:start + n], s32)
       # Only the run is written: the masked lanes past it store nothing.
       np.testing.assert_array_equal(got, want, err_msg=f"start {start}, n {n}")

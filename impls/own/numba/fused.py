@@ -45,16 +45,18 @@ from clipbench.impls.own.numba.decode import F16_TABLE
 from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
                                                       decide, nonfinite_flags, run_action,
                                                       threshold_of)
-from clipbench.impls.own.numba.intrinsics import (JIT, claim_next, prefetch_read, prefetch_write,
+from clipbench.impls.own.numba.intrinsics import (JIT, add_one, prefetch_read, prefetch_write,
                                                   ptr_i32, ptr_i64, ptr_u32, store_fence)
 from clipbench.impls.own.numba.lane_decisions import decide_group
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout
-from clipbench.impls.own.numba.masked_apply import apply_tiny_run_f32, scale_run_masked
+from clipbench.impls.own.numba.masked_apply import (MASK_LANES, apply_tiny_run_f32,
+                                                    scale_half_run_masked, scale_run_masked)
 from clipbench.impls.own.numba.max_step import step_block_f32
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
 from clipbench.impls.own.numba.records import FusedOutputs, FusedRule, Ids, Leaves, Threshold
 from clipbench.impls.own.numba.run_scan import SEG_CODE_OF, SEG_I64, run_end, scan_group
-from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32, short_step_f32
+from clipbench.impls.own.numba.short_sums import (SHORT, half_squares_f32, half_step_f32,
+                                                  short_squares_f32, short_step_f32)
 from clipbench.impls.own.numba.segments import rows_below
 from clipbench.impls.own.numba.ties import tie_is_kept
 
@@ -76,6 +78,10 @@ GROUP_BOUNDS = 8192
 # them from memory (docs/cpu-kernels.md, "Prefetching the groups' streams").
 READ_AHEAD = 2048
 WRITE_AHEAD = 1024
+# A leaf whose runs in a group all hold at most HALF elements (W5's cells: 9) is summed and
+# applied in half the lanes (short_sums.half_squares_f32, masked_apply.scale_half_run_masked),
+# which give the same bits.
+HALF = MASK_LANES
 
 
 def _make_systems_loop(grouped: bool):
@@ -99,6 +105,7 @@ def _make_systems_loop(grouped: bool):
     usual = np.empty(group, dtype=np.bool_)
     factors = np.empty(group, dtype=np.float32)
     in_steps = np.empty(group, dtype=np.bool_)
+    half = np.zeros(nl, dtype=np.bool_)
     for g0 in range(k0, k1, group):
       ng = min(group, k1 - g0)
       for l in range(nl):
@@ -111,6 +118,8 @@ def _make_systems_loop(grouped: bool):
         if e < 0:
           return FUSED_UNSORTED
         cur[l] = e
+        if grouped:
+          half[l] = longest_run(bounds[l, :ng + 1]) * leaves.rowsizes[l] <= HALF
       for j in range(ng):
         k = g0 + j
         total = 0.0
@@ -127,7 +136,9 @@ def _make_systems_loop(grouped: bool):
           if grouped:
             prefetch_read(leaves.addrs[l] + 4 * start + READ_AHEAD)
           if rule.step:
-            if leaves.vecs[l] == 3 and end - start < SHORT:
+            if leaves.vecs[l] == 3 and half[l]:
+              best = half_step_f32(leaves.addrs[l] + 4 * start, end - start)
+            elif leaves.vecs[l] == 3 and end - start < SHORT:
               best = short_step_f32(leaves.addrs[l] + 4 * start, end - start)
             else:
               a32 = numba.carray(ptr_u32(leaves.addrs[l]), end)
@@ -138,10 +149,11 @@ def _make_systems_loop(grouped: bool):
               total = max(total, best)
             continue
           if end - start < SHORT:  # what SQUARES_F32 does for a short block, without the call
-            part = short_squares_f32(leaves.addrs[l] + 4 * start, end - start)
-            if not math.isfinite(part):
-              flag |= nonfinite_flags(leaves, l, start, end - start)
-            total += part
+            if half[l]:
+              part = half_squares_f32(leaves.addrs[l] + 4 * start, end - start)
+            else:
+              part = short_squares_f32(leaves.addrs[l] + 4 * start, end - start)
+            total += part  # a non-finite part makes the total non-finite: flagged below
             continue
           for b in range(start, end, BLOCK):
             n = min(BLOCK, end - b)
@@ -150,6 +162,15 @@ def _make_systems_loop(grouped: bool):
             if not math.isfinite(part):
               flag |= nonfinite_flags(leaves, l, b, n)
             total += part
+        if not rule.step and not math.isfinite(total):
+          # Squares of float32 sum to finite float64 values, so a short run has a non-finite
+          # element exactly when the total is not finite: its flags are looked for only then,
+          # not after every run (the check sat at the end of each run's chain of additions).
+          for l in range(nl):
+            start = bounds[l, j] * leaves.rowsizes[l]
+            n = bounds[l, j + 1] * leaves.rowsizes[l] - start
+            if 0 < n < SHORT:
+              flag |= nonfinite_flags(leaves, l, start, n)
         if flag and rule.zero_mode:  # non-finite elements count as 0: the general route's
           return FUSED_NONFINITE
         out.sums[k] = total
@@ -161,15 +182,16 @@ def _make_systems_loop(grouped: bool):
               total, count, flag, c_m, c_e, c_inf, rule)
       if grouped:
         decide_group(g0, ng, counts, flags, usual, factors, in_steps, rule, out)
+        for l in range(nl):  # no branch on keep or scale, which is a coin toss here
+          if half[l]:
+            scale_group_masked(leaves.addrs[l], out.out_addrs[l], leaves.rowsizes[l],
+                               bounds[l], ng, in_steps, factors, True)
+          else:
+            scale_group_masked(leaves.addrs[l], out.out_addrs[l], leaves.rowsizes[l],
+                               bounds[l], ng, in_steps, factors, False)
       for j in range(ng):
         k = g0 + j
-        if grouped and in_steps[j]:  # no branch on keep or scale, which is a coin toss here
-          for l in range(nl):
-            start = bounds[l, j] * leaves.rowsizes[l]
-            n = bounds[l, j + 1] * leaves.rowsizes[l] - start
-            prefetch_write(out.out_addrs[l] + 4 * start + WRITE_AHEAD)
-            scale_run_masked(leaves.addrs[l] + 4 * start, out.out_addrs[l] + 4 * start, n,
-                             factors[j])
+        if grouped and in_steps[j]:
           continue
         how = run_action(out.action[k], out.s_m[k], out.s_e[k])
         for l in range(nl):
@@ -192,6 +214,32 @@ def _make_systems_loop(grouped: bool):
 
 _one_by_one = _make_systems_loop(False)
 _in_groups = _make_systems_loop(True)
+
+
+@njit(inline="always", **JIT)
+def scale_group_masked(addr, out_addr, rowsize, bounds, ng, in_steps, factors, half):
+  """A group's runs in one leaf that go to the masked steps (``in_steps[j]``), rows
+  [bounds[j], bounds[j + 1]) of ``rowsize`` elements of the float32 leaf at ``addr``, scaled
+  by ``factors[j]`` into ``out_addr`` (in half the lanes when ``half``: every run at most HALF
+  elements). Leaf by leaf, the leaf's addresses stay in registers from run to run."""
+  for j in range(ng):
+    if in_steps[j]:
+      start = bounds[j] * rowsize
+      n = bounds[j + 1] * rowsize - start
+      prefetch_write(out_addr + 4 * start + WRITE_AHEAD)
+      if half:
+        scale_half_run_masked(addr + 4 * start, out_addr + 4 * start, n, factors[j])
+      else:
+        scale_run_masked(addr + 4 * start, out_addr + 4 * start, n, factors[j])
+
+
+@njit(inline="always", **JIT)
+def longest_run(bounds):
+  """The most rows between consecutive entries of ``bounds`` (a group's run bounds in a leaf)."""
+  longest = 0
+  for j in range(bounds.size - 1):
+    longest = max(longest, bounds[j + 1] - bounds[j])
+  return longest
 
 
 @njit(inline="always", **JIT)
@@ -223,13 +271,15 @@ def fused_systems(k0, k1, rows0, rows1, leaves, ids, rule, out):
 @njit(**JIT)
 def fused_claimed(counter, cuts, bounds, status, leaves, ids, rule, out):
   """``fused_systems`` over chunks t of systems [cuts[t], cuts[t + 1]) (rows
-  [bounds[t], bounds[t + 1])), each claimed from ``counter`` by whichever thread is free;
-  status[t] is the chunk's return value."""
+  [bounds[t], bounds[t + 1])), each claimed from ``counter`` (``threads.new_counter``) by
+  whichever thread is free; status[t] is the chunk's return value."""
   parts = cuts.size - 1
+  add_one(counter, threads.STARTED)
   while True:
-    t = claim_next(counter)
+    t = add_one(counter, threads.NEXT)
     if t >= parts:
       store_fence()  # once per thread, not per chunk: each fence drains the store buffers
+      add_one(counter, threads.FINISHED)
       return
     status[t] = fused_systems(cuts[t], cuts[t + 1], bounds[t], bounds[t + 1], leaves, ids,
                               rule, out)
@@ -340,10 +390,10 @@ def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any,
   else:
     parts = cuts.size - 1
     status = np.full(parts, FUSED_OK, dtype=np.int64)
-    counter = np.zeros(1, dtype=np.int64)
+    counter = threads.new_counter()
     threads.on_threads(
         lambda: fused_claimed(counter, cuts, bounds, status, fused_leaves, ids, rule, out),
-        min(threads.WORKERS, parts))
+        min(threads.WORKERS, parts), lambda: threads.all_finished(counter))
     if np.any(status != FUSED_OK):
       return None
   ties = np.flatnonzero(out.tie).tolist()

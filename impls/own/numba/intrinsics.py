@@ -87,6 +87,15 @@ def broadcast(builder, scalar, ty):
   return builder.shuffle_vector(lane0, undef, splat(0, ir.VectorType(ir.IntType(32), ty.count)))
 
 
+def lane_mask(b, count, width):
+  """The <width x i1> mask of lanes j < count, for 0 <= count <= width <= 32: the low
+  ``count`` bits of an integer (one shift, where a vector compare of lane numbers would take
+  a broadcast and one compare per 16 lanes)."""
+  i64 = ir.IntType(64)
+  bits = b.sub(b.shl(ir.Constant(i64, 1), count), ir.Constant(i64, 1))
+  return b.bitcast(b.trunc(bits, ir.IntType(width)), ir.VectorType(ir.IntType(1), width))
+
+
 @intrinsic
 def store_fence(typingctx):
   """sfence: streaming stores before it are globally visible before any store after it. One
@@ -124,6 +133,44 @@ def _prefetch_intrinsic(write: int):
 
 prefetch_read = _prefetch_intrinsic(0)
 prefetch_write = _prefetch_intrinsic(1)
+
+
+@intrinsic
+def add_one(typingctx, counter, i):
+  """An atomic fetch-and-add of 1 on ``counter[i]`` (an int64 array): the value before it."""
+  sig = types.int64(counter, types.int64)
+
+  def codegen(context, builder, signature, args):
+    array = context.make_array(signature.args[0])(context, builder, args[0])
+    slot = builder.gep(array.data, [args[1]])
+    return builder.atomic_rmw("add", slot, ir.Constant(ir.IntType(64), 1), "seq_cst")
+  return sig, codegen
+
+
+@intrinsic
+def load_acquire(typingctx, counter, i):
+  """``counter[i]`` (an int64 array) loaded atomically with acquire ordering: loads after it
+  see every write another thread made before its atomic update of that value, and a loop
+  reading it sees each new value (a plain load may be hoisted out of the loop)."""
+  sig = types.int64(counter, types.int64)
+
+  def codegen(context, builder, signature, args):
+    array = context.make_array(signature.args[0])(context, builder, args[0])
+    return builder.load_atomic(builder.gep(array.data, [args[1]]), "acquire", 8)
+  return sig, codegen
+
+
+@intrinsic
+def spin_pause(typingctx):
+  """x86 ``pause``: the hint a spin-wait loop gives the core between two reads."""
+  sig = types.void()
+
+  def codegen(context, builder, signature, args):
+    pause = builder.module.declare_intrinsic("llvm.x86.sse2.pause", [], ir.FunctionType(
+        ir.VoidType(), []))
+    builder.call(pause, [])
+    return context.get_dummy_value()
+  return sig, codegen
 
 
 @intrinsic

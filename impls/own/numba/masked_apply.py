@@ -23,7 +23,7 @@ from numba.extending import intrinsic
 
 from clipbench.impls.own import decision
 from clipbench.impls.own.numba.apply import apply_run_f32
-from clipbench.impls.own.numba.intrinsics import JIT, broadcast, splat
+from clipbench.impls.own.numba.intrinsics import JIT, broadcast, lane_mask, splat
 
 MASK_LANES = 16
 
@@ -31,7 +31,6 @@ _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _VI32 = ir.VectorType(_I32, MASK_LANES)
 _VF32 = ir.VectorType(ir.FloatType(), MASK_LANES)
-_VI64 = ir.VectorType(_I64, MASK_LANES)
 
 
 @intrinsic
@@ -42,8 +41,10 @@ def masked_scale_f32_fma(typingctx, in_addr, out_addr, m, s32):
 
   def codegen(context, builder, signature, args):
     b = builder
-    mask = b.icmp_signed("<", ir.Constant(_VI64, list(range(MASK_LANES))),
-                         broadcast(b, args[2], _VI64))
+    lanes = ir.Constant(_I64, MASK_LANES)
+    m = b.select(b.icmp_signed("<", args[2], lanes), args[2], lanes)
+    mask = lane_mask(b, b.select(b.icmp_signed(">", m, ir.Constant(_I64, 0)), m,
+                                 ir.Constant(_I64, 0)), MASK_LANES)
     ptr = _VI32.as_pointer()
     load = cgutils.get_or_insert_function(
         b.module, ir.FunctionType(_VI32, [ptr, _I32, mask.type, _VI32]),
@@ -75,6 +76,12 @@ def scale_run_masked(in_addr, out_addr, n, s32):
     masked_scale_f32_fma(in_addr + 4 * i, out_addr + 4 * i, n - i, s32)
     masked_scale_f32_fma(in_addr + 4 * (i + MASK_LANES), out_addr + 4 * (i + MASK_LANES),
                          n - i - MASK_LANES, s32)
+
+
+@njit(inline="always", **JIT)
+def scale_half_run_masked(in_addr, out_addr, n, s32):
+  """``scale_run_masked`` for a run of at most MASK_LANES (16) elements: one masked step."""
+  masked_scale_f32_fma(in_addr, out_addr, n, s32)
 
 
 @njit(inline="always", **JIT)

@@ -25,7 +25,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from clipbench.impls.own.numba.intrinsics import broadcast
+from clipbench.impls.own.numba.intrinsics import lane_mask
 
 SHORT = 32  # blocks with fewer elements are summed here
 
@@ -36,8 +36,7 @@ def _masked_squares(b, addr, count, width):
   """Squares in float64 of the ``width`` float32 at ``addr``: lanes j < count loaded, the
   others +0.0 (never read)."""
   vi32 = ir.VectorType(_I32, width)
-  mask = b.icmp_signed("<", ir.Constant(vi32, list(range(width))),
-                       broadcast(b, b.trunc(count, _I32), vi32))
+  mask = lane_mask(b, count, width)
   ptr = vi32.as_pointer()
   load = cgutils.get_or_insert_function(
       b.module, ir.FunctionType(vi32, [ptr, _I32, mask.type, vi32]),
@@ -55,43 +54,62 @@ def _lanes(b, vec, lanes):
                           ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
 
 
-@intrinsic
-def short_squares_f32(typingctx, addr, n):
-  """The sum of squares (float64) of the n < SHORT float32 at ``addr``, in the tree of the
-  module docstring."""
-  sig = types.float64(types.int64, types.int64)
+def _tree_sum_intrinsic(width):
+  """The tree sum of the module docstring over ``width`` lanes, for n <= ``width`` float32
+  (n < SHORT when ``width`` is SHORT)."""
+  @intrinsic
+  def tree_sum(typingctx, addr, n):
+    sig = types.float64(types.int64, types.int64)
 
-  def codegen(context, builder, signature, args):
-    b = builder
-    lanes = _masked_squares(b, args[0], args[1], SHORT)
-    width = SHORT
-    while width > 1:
-      half = width // 2
-      lanes = b.fadd(_lanes(b, lanes, list(range(half))),
-                     _lanes(b, lanes, list(range(half, width))))
-      width = half
-    return b.extract_element(lanes, ir.Constant(_I32, 0))
-  return sig, codegen
+    def codegen(context, builder, signature, args):
+      b = builder
+      lanes = _masked_squares(b, args[0], args[1], width)
+      w = width
+      while w > 1:
+        half = w // 2
+        lanes = b.fadd(_lanes(b, lanes, list(range(half))), _lanes(b, lanes, list(range(half, w))))
+        w = half
+      return b.extract_element(lanes, ir.Constant(_I32, 0))
+    return sig, codegen
+  return tree_sum
 
 
-@intrinsic
-def short_step_f32(typingctx, addr, n):
-  """``max_step.step_block_f32(xs, 3)`` for the n < SHORT float32 at ``addr`` (whole
-  3-vectors): the largest vector sum of squares ``(x0 * x0 + x1 * x1) + x2 * x2``, inf when
-  some element is not finite."""
-  sig = types.float64(types.int64, types.int64)
+# The sum of squares (float64) of the n < SHORT float32 at ``addr``, in the tree of the
+# module docstring.
+short_squares_f32 = _tree_sum_intrinsic(SHORT)
+# The same value for n <= SHORT // 2 with half the lanes: the tree's first level then adds
+# only padded +0.0 lanes (x + 0.0 is x for a sum of squares), so the levels after it, which
+# are this tree, give the same bits. For callers that know every run is that short.
+half_squares_f32 = _tree_sum_intrinsic(SHORT // 2)
 
-  def codegen(context, builder, signature, args):
-    b = builder
-    squares = _masked_squares(b, args[0], args[1], SHORT)
-    vectors = SHORT // 3
-    x0, x1, x2 = (_lanes(b, squares, list(range(c, 3 * vectors, 3))) for c in range(3))
-    sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), vectors))
-    umax = cgutils.get_or_insert_function(
-        b.module, ir.FunctionType(ir.IntType(64), [sums.type]),
-        f"llvm.vector.reduce.umax.v{vectors}i64")
-    best = b.call(umax, [sums])
-    finite = b.icmp_unsigned("<", best, ir.Constant(ir.IntType(64), 0x7FF0000000000000))
-    return b.select(finite, b.bitcast(best, ir.DoubleType()),
-                    ir.Constant(ir.DoubleType(), float("inf")))
-  return sig, codegen
+
+def _step_max_intrinsic(width):
+  """``max_step.step_block_f32(xs, 3)`` for n <= ``width`` float32 (whole 3-vectors; n < SHORT
+  when ``width`` is SHORT) in one masked load of ``width`` lanes."""
+  @intrinsic
+  def step_max(typingctx, addr, n):
+    sig = types.float64(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+      b = builder
+      squares = _masked_squares(b, args[0], args[1], width)
+      vectors = width // 3
+      x0, x1, x2 = (_lanes(b, squares, list(range(c, 3 * vectors, 3))) for c in range(3))
+      sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), vectors))
+      umax = cgutils.get_or_insert_function(
+          b.module, ir.FunctionType(ir.IntType(64), [sums.type]),
+          f"llvm.vector.reduce.umax.v{vectors}i64")
+      best = b.call(umax, [sums])
+      finite = b.icmp_unsigned("<", best, ir.Constant(ir.IntType(64), 0x7FF0000000000000))
+      return b.select(finite, b.bitcast(best, ir.DoubleType()),
+                      ir.Constant(ir.DoubleType(), float("inf")))
+    return sig, codegen
+  return step_max
+
+
+# ``max_step.step_block_f32(xs, 3)`` for the n < SHORT float32 at ``addr`` (whole 3-vectors):
+# the largest vector sum of squares ``(x0 * x0 + x1 * x1) + x2 * x2``, inf when some element is
+# not finite.
+short_step_f32 = _step_max_intrinsic(SHORT)
+# The same for n <= SHORT // 2 (five vectors at most) in half the lanes.
+half_step_f32 = _step_max_intrinsic(SHORT // 2)

@@ -14,10 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
+from numba import njit
+
+from clipbench.impls.own.numba.intrinsics import JIT, add_one, load_acquire, spin_pause
 
 WORKERS = max(1, min(os.cpu_count() or 1, 8))
 PARALLEL_MIN = 1 << 18
 _POOL: list[ThreadPoolExecutor] = []
+# The slots of a claim counter (``new_counter``): the next item of work to claim, how many
+# threads started claiming, how many of them are done.
+NEXT, STARTED, FINISHED = 0, 1, 2
+# The most pauses ``all_finished`` spins for (about a millisecond) before the caller sleeps on
+# the futures instead.
+SPINS = 1 << 14
 
 
 def pool() -> ThreadPoolExecutor:
@@ -48,9 +57,36 @@ def parallel(kernel: Callable[..., None], weights: np.ndarray, *args: Any) -> No
     f.result()
 
 
-def on_threads(work: Callable[[], None], count: int) -> None:
-  """work() on ``count`` threads at once, the calling thread one of them; returns when all end."""
+def on_threads(work: Callable[[], None], count: int,
+               finished: Callable[[], bool] | None = None) -> None:
+  """work() on ``count`` threads at once, the calling thread one of them; returns when all end,
+  or as soon as ``finished()``, called after the calling thread's work(), returns True (then
+  the other threads' work is done, though they may not have returned from it yet)."""
   futures = [pool().submit(work) for _ in range(count - 1)]
   work()
+  if finished is not None and finished():
+    return
   for f in futures:
     f.result()
+
+
+def new_counter() -> np.ndarray:
+  """A claim counter: int64 slots NEXT, STARTED and FINISHED, all 0."""
+  return np.zeros(3, dtype=np.int64)
+
+
+@njit(**JIT)
+def all_finished(counter):
+  """Whether every thread that started claiming from ``counter`` has finished (each counts
+  itself in STARTED before its first claim and in FINISHED after its last write), spinning
+  up to SPINS pauses for it. The calling thread, done with its own work once every item is
+  claimed, then sees the last thread end within a pause, where a wait on its future costs a
+  wake-up of tens of microseconds (docs/cpu-kernels.md). A thread that starts later finds
+  nothing left to claim."""
+  for _ in range(SPINS):
+    # FINISHED first: equal counts then mean that every thread that had started was done.
+    done = load_acquire(counter, FINISHED)
+    if done == load_acquire(counter, STARTED):
+      return True
+    spin_pause()
+  return False
