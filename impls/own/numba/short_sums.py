@@ -32,21 +32,32 @@ SHORT = 32  # blocks with fewer elements are summed here
 _I32 = ir.IntType(32)
 
 
-def _masked_squares(b, addr, count, width):
-  """Squares in float64 of the ``width`` float32 at ``addr``: lanes j < count loaded, the
-  others +0.0 (never read)."""
+def _masked_bits(b, addr, count, width):
+  """The ``width`` float32 at ``addr`` as int32 bits: lanes j < count loaded, the others 0
+  (never read)."""
   vi32 = ir.VectorType(_I32, width)
   mask = lane_mask(b, count, width)
   ptr = vi32.as_pointer()
   load = cgutils.get_or_insert_function(
       b.module, ir.FunctionType(vi32, [ptr, _I32, mask.type, vi32]),
       f"llvm.masked.load.v{width}i32.p0")
-  bits = b.call(load, [b.inttoptr(addr, ptr), ir.Constant(_I32, 4), mask,
+  return b.call(load, [b.inttoptr(addr, ptr), ir.Constant(_I32, 4), mask,
                        ir.Constant(vi32, None)])
-  magnitude = b.and_(bits, ir.Constant(vi32, [0x7FFFFFFF] * width))
+
+
+def _squares(b, bits):
+  """Squares in float64 (exact) of float32 given as a vector of int32 bits."""
+  width = bits.type.count
+  magnitude = b.and_(bits, ir.Constant(bits.type, [0x7FFFFFFF] * width))
   wide = b.fpext(b.bitcast(magnitude, ir.VectorType(ir.FloatType(), width)),
                  ir.VectorType(ir.DoubleType(), width))
   return b.fmul(wide, wide)
+
+
+def _masked_squares(b, addr, count, width):
+  """Squares in float64 of the ``width`` float32 at ``addr``: lanes j < count loaded, the
+  others +0.0 (never read)."""
+  return _squares(b, _masked_bits(b, addr, count, width))
 
 
 def _lanes(b, vec, lanes):
@@ -85,20 +96,29 @@ half_squares_f32 = _tree_sum_intrinsic(SHORT // 2)
 
 def _step_max_intrinsic(width):
   """``max_step.step_block_f32(xs, 3)`` for n <= ``width`` float32 (whole 3-vectors; n < SHORT
-  when ``width`` is SHORT) in one masked load of ``width`` lanes."""
+  when ``width`` is SHORT) in one masked load of ``width`` lanes. The vectors' x, y and z are
+  picked out of the loaded bits (one permute each, in 32-bit lanes) before their squares are
+  taken, each a power-of-two vector: lanes past the last vector pick the load's last lane,
+  which is never loaded (n < ``width``), so they add +0.0 squares, which leave the maximum
+  alone."""
+  vectors = width // 3
+  lanes = 1 << (vectors - 1).bit_length()
+  pad = width - 1
+
   @intrinsic
   def step_max(typingctx, addr, n):
     sig = types.float64(types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
       b = builder
-      squares = _masked_squares(b, args[0], args[1], width)
-      vectors = width // 3
-      x0, x1, x2 = (_lanes(b, squares, list(range(c, 3 * vectors, 3))) for c in range(3))
-      sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), vectors))
+      bits = _masked_bits(b, args[0], args[1], width)
+      x0, x1, x2 = (
+          _squares(b, _lanes(b, bits, [3 * v + c if v < vectors else pad for v in range(lanes)]))
+          for c in range(3))
+      sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), lanes))
       umax = cgutils.get_or_insert_function(
           b.module, ir.FunctionType(ir.IntType(64), [sums.type]),
-          f"llvm.vector.reduce.umax.v{vectors}i64")
+          f"llvm.vector.reduce.umax.v{lanes}i64")
       best = b.call(umax, [sums])
       finite = b.icmp_unsigned("<", best, ir.Constant(ir.IntType(64), 0x7FF0000000000000))
       return b.select(finite, b.bitcast(best, ir.DoubleType()),
