@@ -20,8 +20,13 @@ bandwidth, and a scalar decision (~30 ns) and an unpredictable keep-or-scale bra
 than their data: chunks of tiny systems go in groups (``_in_groups``), decided in vector lanes
 (:mod:`~clipbench.impls.own.numba.lane_decisions`, which also give each system's float32 factor,
 so that keeping and scaling take the same branch-free path) and applied in masked steps
-(:mod:`~clipbench.impls.own.numba.masked_apply`), prefetching each run's leaf and output a
-fixed distance ahead (``READ_AHEAD``, ``WRITE_AHEAD``). A call whose chunks cannot be balanced (a
+(:mod:`~clipbench.impls.own.numba.masked_apply`) leaf by leaf (``scale_group_masked``: a
+leaf's addresses stay in registers from run to run), prefetching each run's leaf and output a
+fixed distance ahead (``READ_AHEAD``, ``WRITE_AHEAD``). A leaf whose runs in a group all hold
+at most ``HALF`` elements (W5's cells) is summed and applied in half the lanes, with the same
+bits. A short run's non-finite elements are looked for only when its system's total is not
+finite, once per system. One threshold for every system (the usual call) is read by every
+system rather than copied per system. A call whose chunks cannot be balanced (a
 system larger than a thread's share) goes to :mod:`~clipbench.impls.own.numba.long_runs`, which
 cuts runs into blocks. Near-ties are settled exactly on the host afterwards; ids that turn out
 unsorted or out of range, and non-finite elements in zero mode, hand the whole call back to the

@@ -3,9 +3,10 @@
 Raw pointers from addresses (leaves are read in place through their data pointers), bit
 casts between floats and their integer patterns (comparisons and ulp steps on the bits), a
 fused multiply-add for one float type (exact product errors), the x86 store fence that
-streamed stores need, an atomic fetch-and-add (threads claiming chunks of work) and software
-prefetches (loops whose loads and stores the hardware prefetchers do not run far enough
-ahead of).
+streamed stores need, atomic fetch-and-adds and acquire loads with a spin-wait pause (threads
+claiming chunks of work, and waiting for each other without sleeping), software prefetches
+(loops whose loads and stores the hardware prefetchers do not run far enough ahead of) and
+the mask of a vector's first lanes (masked loads and stores of short runs).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ kept run is scaled by exactly 1.0, which the scaling's arithmetic returns bit fo
 finite x, |x| * 1 is exact and its FMA error +0, so no step down is taken and the sign is put
 back (a kept system of the fused route has only finite elements: a NaN or an infinity
 poisons it, and zero mode hands the call back). Each lane computes what
-``apply.scale_f32_fma`` computes for that element.
+``apply.scale_f32_fma`` computes for that element. A run of at most 16 elements takes one
+step (``scale_half_run_masked``), for a caller that knows every run of a leaf is that short.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ Max-step's short runs of 3-vectors (``short_step_f32``) take the same masked loa
 vector's squares summed in order, as ``max_step.step_block_f32`` sums them, and the largest
 sum taken on the bit patterns. A maximum does not depend on the order it is taken in, so this
 gives ``step_block_f32``'s value without a loop whose trip count changes from run to run.
+
+A caller that knows a run holds at most ``SHORT // 2`` elements (the fused route's groups,
+where every run of a leaf is that short) takes ``half_squares_f32`` and ``half_step_f32``:
+the same trees and maxima in half the lanes, the same bits (the full tree's first level
+would only add padded +0.0 lanes). The lanes to load come from a shift of the run's length
+(``intrinsics.lane_mask``), not from a vector compare of lane numbers.
 """
 
 from __future__ import annotations

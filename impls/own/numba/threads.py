@@ -2,9 +2,11 @@
 
 Serial nogil kernels on a small pool of Python threads, rather than numba's prange: an OpenMP
 barrier on a busy 2-core machine stalls far longer per parallel region than a pool hand-off
-(docs/cpu-kernels.md has the measurement). Work below ``PARALLEL_MIN`` elements runs in the
-calling thread. Callers read ``WORKERS`` and ``PARALLEL_MIN`` from this module at call time
-(tests vary them).
+(docs/cpu-kernels.md has the measurement). Kernels that claim work in turn from a counter
+(``new_counter``) let the calling thread spin for the last thread to finish
+(``all_finished``) instead of sleeping on its future. Work below ``PARALLEL_MIN`` elements
+runs in the calling thread. Callers read ``WORKERS`` and ``PARALLEL_MIN`` from this module at
+call time (tests vary them).
 """
 
 from __future__ import annotations
