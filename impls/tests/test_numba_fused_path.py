@@ -23,7 +23,7 @@ from numba import njit
 from clipbench.impls.own import decision
 from clipbench.impls.own.numba import api, fused, general, threads
 from clipbench.impls.own.numba.finalize import sum_rel_err_of_squares
-from clipbench.impls.own.numba.intrinsics import claim_next
+from clipbench.impls.own.numba.intrinsics import add_one
 from clipbench.impls.own.numba.layout import BLOCK, Prepared, leaf_layout
 from clipbench.impls.own.numba.run_scan import RUN_LANES, SEG_CODE_OF, SEG_I32, run_end
 from clipbench.impls.own.numba.segments import checked_segments, rows_below, rows_below_each
@@ -420,7 +420,7 @@ def test_claims_give_every_number_to_exactly_one_thread():
     n = 0
     total = 0
     while True:
-      t = claim_next(counter)
+      t = add_one(counter, 0)
       if t >= limit:
         return n, total
       n += 1

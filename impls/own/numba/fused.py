@@ -188,12 +188,8 @@ def _make_systems_loop(grouped: bool):
       if grouped:
         decide_group(g0, ng, counts, flags, usual, factors, in_steps, rule, out)
         for l in range(nl):  # no branch on keep or scale, which is a coin toss here
-          if half[l]:
-            scale_group_masked(leaves.addrs[l], out.out_addrs[l], leaves.rowsizes[l],
-                               bounds[l], ng, in_steps, factors, True)
-          else:
-            scale_group_masked(leaves.addrs[l], out.out_addrs[l], leaves.rowsizes[l],
-                               bounds[l], ng, in_steps, factors, False)
+          scale_group_masked(leaves.addrs[l], out.out_addrs[l], leaves.rowsizes[l], bounds[l],
+                             ng, in_steps, factors, half[l])
       for j in range(ng):
         k = g0 + j
         if grouped and in_steps[j]:

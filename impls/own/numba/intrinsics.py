@@ -97,18 +97,25 @@ def lane_mask(b, count, width):
   return b.bitcast(b.trunc(bits, ir.IntType(width)), ir.VectorType(ir.IntType(1), width))
 
 
-@intrinsic
-def store_fence(typingctx):
-  """sfence: streaming stores before it are globally visible before any store after it. One
-  per kernel call, never per run: a fence drains the write-combining buffers."""
-  sig = types.void()
+def _x86_instruction(name: str):
+  """An intrinsic of no arguments and no result: the x86 instruction LLVM calls ``name``."""
+  @intrinsic
+  def instruction(typingctx):
+    sig = types.void()
 
-  def codegen(context, builder, signature, args):
-    fence = builder.module.declare_intrinsic("llvm.x86.sse.sfence", [], ir.FunctionType(
-        ir.VoidType(), []))
-    builder.call(fence, [])
-    return context.get_dummy_value()
-  return sig, codegen
+    def codegen(context, builder, signature, args):
+      fn = builder.module.declare_intrinsic(name, [], ir.FunctionType(ir.VoidType(), []))
+      builder.call(fn, [])
+      return context.get_dummy_value()
+    return sig, codegen
+  return instruction
+
+
+# sfence: streaming stores before it are globally visible before any store after it. One per
+# kernel call, never per run: a fence drains the write-combining buffers.
+store_fence = _x86_instruction("llvm.x86.sse.sfence")
+# pause: the hint a spin-wait loop gives the core between two reads.
+spin_pause = _x86_instruction("llvm.x86.sse2.pause")
 
 
 def _prefetch_intrinsic(write: int):
@@ -138,7 +145,8 @@ prefetch_write = _prefetch_intrinsic(1)
 
 @intrinsic
 def add_one(typingctx, counter, i):
-  """An atomic fetch-and-add of 1 on ``counter[i]`` (an int64 array): the value before it."""
+  """An atomic fetch-and-add of 1 on ``counter[i]`` (an int64 array): the value before it.
+  Threads claiming work from one counter each get a different number."""
   sig = types.int64(counter, types.int64)
 
   def codegen(context, builder, signature, args):
@@ -158,29 +166,4 @@ def load_acquire(typingctx, counter, i):
   def codegen(context, builder, signature, args):
     array = context.make_array(signature.args[0])(context, builder, args[0])
     return builder.load_atomic(builder.gep(array.data, [args[1]]), "acquire", 8)
-  return sig, codegen
-
-
-@intrinsic
-def spin_pause(typingctx):
-  """x86 ``pause``: the hint a spin-wait loop gives the core between two reads."""
-  sig = types.void()
-
-  def codegen(context, builder, signature, args):
-    pause = builder.module.declare_intrinsic("llvm.x86.sse2.pause", [], ir.FunctionType(
-        ir.VoidType(), []))
-    builder.call(pause, [])
-    return context.get_dummy_value()
-  return sig, codegen
-
-
-@intrinsic
-def claim_next(typingctx, counter):
-  """An atomic fetch-and-add of 1 on ``counter[0]`` (an int64 array): the value before it.
-  Threads claiming work from one counter each get a different number."""
-  sig = types.int64(counter)
-
-  def codegen(context, builder, signature, args):
-    array = context.make_array(signature.args[0])(context, builder, args[0])
-    return builder.atomic_rmw("add", array.data, ir.Constant(ir.IntType(64), 1), "seq_cst")
   return sig, codegen

@@ -34,7 +34,7 @@ from clipbench.impls.own.numba.apply import apply_run_f32
 from clipbench.impls.own.numba.fused_decision import (FUSED_NONFINITE, FUSED_OK, FUSED_UNSORTED,
                                                       decide, nonfinite_flags, run_action,
                                                       threshold_of)
-from clipbench.impls.own.numba.intrinsics import JIT, claim_next, ptr_u32, store_fence
+from clipbench.impls.own.numba.intrinsics import JIT, add_one, ptr_u32, store_fence
 from clipbench.impls.own.numba.layout import BLOCK, LeafLayout, build_blocks
 from clipbench.impls.own.numba.max_step import step_block_f32
 from clipbench.impls.own.numba.power_sums import SQUARES_F32
@@ -136,7 +136,7 @@ def sum_claimed(counter, part, flags, bad, leaves, ids, blocks, step):
   """``sum_blocks`` over ranges of CLAIM_BLOCKS blocks, each claimed from ``counter``."""
   m = blocks.leaf.size
   while True:
-    i0 = claim_next(counter) * CLAIM_BLOCKS
+    i0 = add_one(counter, 0) * CLAIM_BLOCKS
     if i0 >= m:
       return
     sum_blocks(i0, min(i0 + CLAIM_BLOCKS, m), part, flags, bad, leaves, ids, blocks, step)
@@ -147,7 +147,7 @@ def apply_claimed(counter, leaves, blocks, out):
   """``apply_blocks`` over ranges of CLAIM_BLOCKS blocks, each claimed from ``counter``."""
   m = blocks.leaf.size
   while True:
-    i0 = claim_next(counter) * CLAIM_BLOCKS
+    i0 = add_one(counter, 0) * CLAIM_BLOCKS
     if i0 >= m:
       store_fence()  # once per thread: each fence drains the store buffers
       return

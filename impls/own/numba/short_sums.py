@@ -71,24 +71,31 @@ def _lanes(b, vec, lanes):
                           ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
 
 
-def _tree_sum_intrinsic(width):
-  """The tree sum of the module docstring over ``width`` lanes, for n <= ``width`` float32
-  (n < SHORT when ``width`` is SHORT)."""
+def _of_run(value):
+  """An intrinsic ``f(addr, n) -> float64`` for the float32 run of n at ``addr``, whose
+  code ``value(builder, addr, n)`` gives."""
   @intrinsic
-  def tree_sum(typingctx, addr, n):
+  def of_run(typingctx, addr, n):
     sig = types.float64(types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
-      b = builder
-      lanes = _masked_squares(b, args[0], args[1], width)
-      w = width
-      while w > 1:
-        half = w // 2
-        lanes = b.fadd(_lanes(b, lanes, list(range(half))), _lanes(b, lanes, list(range(half, w))))
-        w = half
-      return b.extract_element(lanes, ir.Constant(_I32, 0))
+      return value(builder, args[0], args[1])
     return sig, codegen
-  return tree_sum
+  return of_run
+
+
+def _tree_sum_intrinsic(width):
+  """The tree sum of the module docstring over ``width`` lanes, for n <= ``width`` float32
+  (n < SHORT when ``width`` is SHORT)."""
+  def tree_sum(b, addr, n):
+    lanes = _masked_squares(b, addr, n, width)
+    w = width
+    while w > 1:
+      half = w // 2
+      lanes = b.fadd(_lanes(b, lanes, list(range(half))), _lanes(b, lanes, list(range(half, w))))
+      w = half
+    return b.extract_element(lanes, ir.Constant(_I32, 0))
+  return _of_run(tree_sum)
 
 
 # The sum of squares (float64) of the n < SHORT float32 at ``addr``, in the tree of the
@@ -111,26 +118,20 @@ def _step_max_intrinsic(width):
   lanes = 1 << (vectors - 1).bit_length()
   pad = width - 1
 
-  @intrinsic
-  def step_max(typingctx, addr, n):
-    sig = types.float64(types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-      b = builder
-      bits = _masked_bits(b, args[0], args[1], width)
-      x0, x1, x2 = (
-          _squares(b, _lanes(b, bits, [3 * v + c if v < vectors else pad for v in range(lanes)]))
-          for c in range(3))
-      sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), lanes))
-      umax = cgutils.get_or_insert_function(
-          b.module, ir.FunctionType(ir.IntType(64), [sums.type]),
-          f"llvm.vector.reduce.umax.v{lanes}i64")
-      best = b.call(umax, [sums])
-      finite = b.icmp_unsigned("<", best, ir.Constant(ir.IntType(64), 0x7FF0000000000000))
-      return b.select(finite, b.bitcast(best, ir.DoubleType()),
-                      ir.Constant(ir.DoubleType(), float("inf")))
-    return sig, codegen
-  return step_max
+  def step_max(b, addr, n):
+    bits = _masked_bits(b, addr, n, width)
+    x0, x1, x2 = (
+        _squares(b, _lanes(b, bits, [3 * v + c if v < vectors else pad for v in range(lanes)]))
+        for c in range(3))
+    sums = b.bitcast(b.fadd(b.fadd(x0, x1), x2), ir.VectorType(ir.IntType(64), lanes))
+    umax = cgutils.get_or_insert_function(
+        b.module, ir.FunctionType(ir.IntType(64), [sums.type]),
+        f"llvm.vector.reduce.umax.v{lanes}i64")
+    best = b.call(umax, [sums])
+    finite = b.icmp_unsigned("<", best, ir.Constant(ir.IntType(64), 0x7FF0000000000000))
+    return b.select(finite, b.bitcast(best, ir.DoubleType()),
+                    ir.Constant(ir.DoubleType(), float("inf")))
+  return _of_run(step_max)
 
 
 # ``max_step.step_block_f32(xs, 3)`` for the n < SHORT float32 at ``addr`` (whole 3-vectors):
