@@ -7,6 +7,19 @@ import mmap
 
 import numpy as np
 import pytest
+from numba import njit
+
+from clipbench.impls.own.numba.cache_guard import cache_dir_of, clear_if_stale
+
+
+@njit(cache=True)
+def _cached_here():
+  return 0
+
+
+# The kernel tests' own cached kernels inline the package's intrinsics: cleared as the
+# package's are when a source changed (cache_guard).
+clear_if_stale(cache_dir_of(_cached_here))
 
 
 @pytest.fixture

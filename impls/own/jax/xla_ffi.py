@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from clipbench.impls.own.numba.buffers import array_at
+from clipbench.impls.own.numba.cache_guard import cache_dir_of, clear_if_stale
 from clipbench.impls.own.numba.intrinsics import JIT, ptr_i64
 
 API_MAJOR, API_MINOR = 0, 5  # the FFI version this handler speaks (c_api.h XLA_FFI_API_*)
@@ -93,6 +94,9 @@ def _data_addresses(items, n, out):
   buffers = ptr_i64(items)
   for i in range(n):
     out[i] = ptr_i64(buffers[i] + _BUFFER_DATA_OFFSET)[0]
+
+
+clear_if_stale(cache_dir_of(_data_addresses))  # it inlines ptr_i64 of another module
 
 
 def data_addresses(items: int, n: int) -> np.ndarray:

@@ -50,15 +50,21 @@ the GIL and run over contiguous ranges of blocks on a small thread pool (:mod:`.
 rather than OpenMP regions); they read leaves in place through their data pointers
 (:mod:`.intrinsics`, :mod:`.decode`; hundreds of small leaves packed with one C-level
 concatenate) and are compiled once (``cache=True``) per argument types, grouped into the
-named tuples of :mod:`.records`. Float64 leaves and p > 6 take the slower scaled
+named tuples of :mod:`.records`; a cache that may hold kernels of older sources is cleared at
+import (:mod:`.cache_guard`). Float64 leaves and p > 6 take the slower scaled
 double-double path (correct, not tuned). Measurements behind these choices are in
 ``docs/cpu-kernels.md``.
 """
 
+from clipbench.impls.own.numba import cache_guard as _cache_guard, fused as _fused
 from clipbench.impls.own.numba.api import (capabilities, clip_by_global_norm, clip_by_max_step,
                                            clip_grad_norm, description, framework,
                                            implementation, version)
 from clipbench.impls.own.numba.buffers import release_buffers
+
+# Before any kernel runs: numba would load kernels compiled from older sources of the modules
+# they inline (cache_guard).
+_cache_guard.clear_if_stale(_cache_guard.cache_dir_of(_fused._in_groups))
 
 __all__ = ["capabilities", "clip_by_global_norm", "clip_by_max_step", "clip_grad_norm",
            "description", "framework", "implementation", "release_buffers", "version"]
