@@ -1,10 +1,12 @@
 """numba's on-disk cache, cleared where it may hold kernels compiled from older sources.
 
 numba keys a cached kernel on the modification time and size of the one file that defines
-it (numba's documentation, "Cache invalidation": a change in other modules that the function
-calls "will not be detected"). The kernels here inline intrinsics, helpers and constants of
-other modules: ``fused``'s loops inline ``short_sums``, ``masked_apply``, ``lane_decisions``
-and ``intrinsics``, and they freeze ``decision``'s constants. After an edit of
+it: its cache invalidation "fails to recognize changes in symbols defined in a different
+file", and globals are saved as the constants they were at compile time (numba's "Notes on
+Caching", "Caching Limitations"; the pull requests that would follow a kernel's dependencies,
+numba/numba#8396 and #9563, are not merged). The kernels here inline intrinsics, helpers and
+constants of other modules: ``fused``'s loops inline ``short_sums``, ``masked_apply``,
+``lane_decisions`` and ``intrinsics``, and they freeze ``decision``'s constants. After an edit of
 ``short_sums.py`` alone, numba would load ``fused``'s kernels as compiled from the old code,
 silently: the tests, benchmarks and reports of a working tree would run code that is no
 longer there. A fresh clone has no cache, so CI never sees it; a developer's tree does.
