@@ -33,7 +33,7 @@ def test_cache_files_are_removed_only_when_the_digest_changes(tmp_path):
   assert not any((tmp_path / name).exists() for name in _CACHE_FILES)
   assert all((tmp_path / name).exists() for name in _OTHER_FILES)
   assert (tmp_path / cache_guard.STAMP).read_text() == "second"
-  assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+  assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_a_missing_directory_is_made_and_stamped(tmp_path):

@@ -14,8 +14,8 @@ longer there. A fresh clone has no cache, so CI never sees it; a developer's tre
 ``clear_if_stale(cache_dir)`` compares a digest of every source under ``impls/own`` (all that
 a kernel can inline) with the one stamped in ``cache_dir``. When they differ, or there is no
 stamp, it removes the numba cache files there (``*.nbi``, ``*.nbc``) and then writes the new
-stamp (atomically, so an interrupted run leaves the old stamp or none, and the next import
-clears again). The package calls it for its kernels' cache directories at import, before any
+stamp (atomically, with ``clipbench.files``: an interrupted run leaves the old stamp or none,
+and the next import clears again). The package calls it for its kernels' cache directories at import, before any
 kernel runs; modules and tests that define cached kernels of their own call it for theirs.
 Two processes that clear at once both remove and both stamp; numba then compiles afresh.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +71,9 @@ def clear_if_stale(cache_dir: str | os.PathLike | None, digest: str | None = Non
       if entry.suffix in _CACHE_SUFFIXES:
         entry.unlink(missing_ok=True)
         removed = True
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=STAMP, suffix=".tmp")
-    try:
-      with os.fdopen(fd, "w") as f:
-        f.write(digest)
-      os.replace(tmp, stamp)
-    except BaseException:
-      os.unlink(tmp)
-      raise
+    # Imported here: it imports pandas, a cost only the rare clearing import should pay.
+    from clipbench import files  # pylint: disable=import-outside-toplevel
+    files.write_text(stamp, digest)
   except OSError:
     return removed
   return removed
