@@ -11,7 +11,7 @@ Options (``pytest --help``, group "clipbench conformance"):
   --results PATH                    result table (CSV), written atomically at the end
   --deviations FILE                 your expected deviations, added to clipbench's (repeatable)
   --timeout SECONDS                 per call of an implementation (``--clipbench-timeout``
-                                    where another plugin owns ``--timeout``)
+                                    always; only that where pytest-timeout is installed)
 
 Each test carries a ``conformance(rule=..., cases=...)`` marker; ``cases(impl, op)`` yields
 the test's cases for one implementation and operation as (name, payload, skip reason, dtype).
@@ -22,6 +22,7 @@ collected, so the plugin costs nothing in a session without one.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 from typing import Any
@@ -103,12 +104,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
   timeout_help = ("seconds one call of an implementation may take; a longer call is "
                   "recorded as an error naming the case and the run moves on "
                   "(default: no limit)")
-  try:
-    group.addoption("--timeout", "--clipbench-timeout", dest="clipbench_timeout", type=float,
-                    default=None, metavar="SECONDS", help=timeout_help)
-  except ValueError:  # another plugin (pytest-timeout) owns --timeout
-    group.addoption("--clipbench-timeout", dest="clipbench_timeout", type=float, default=None,
-                    metavar="SECONDS", help=timeout_help)
+  names = ["--clipbench-timeout"] if _pytest_timeout_present() else ["--timeout",
+                                                                     "--clipbench-timeout"]
+  group.addoption(*names, dest="clipbench_timeout", type=float, default=None,
+                  metavar="SECONDS", help=timeout_help)
+
+
+def _pytest_timeout_present() -> bool:
+  """Whether pytest-timeout, which owns ``--timeout``, is installed.
+
+  Asked of the installation, not of the plugins registered so far: pytest only catches a
+  clash of option names within one group, so two plugins adding ``--timeout`` in their own
+  groups break argparse when the options are parsed ("conflicting option string"), in
+  whichever order the entry points happened to load.
+  """
+  return importlib.util.find_spec("pytest_timeout") is not None
 
 
 def pytest_configure(config: pytest.Config) -> None:

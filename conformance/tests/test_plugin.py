@@ -101,6 +101,23 @@ def test_timeout_records_the_stuck_case_as_an_error_and_moves_on(tmp_path):
   assert outcomes == {"tie_3_4_float16": "error", "below_threshold_41": "pass"}
 
 
+def test_beside_pytest_timeout_the_per_call_limit_is_clipbench_timeout(tmp_path):
+  # A stand-in for pytest-timeout, loaded after clipbench's plugin, adding --timeout in its
+  # own group: two such options break argparse when the command line is parsed.
+  (tmp_path / "pytest_timeout.py").write_text(textwrap.dedent("""
+      def pytest_addoption(parser):
+        parser.getgroup("timeout").addoption("--timeout", type=float, help="per test")
+      """))
+  rc, out = _pytest(tmp_path, "-p", "pytest_timeout", "--impl", "tmpmod:hang",
+                    "--clipbench-timeout", "0.5", "-k",
+                    "rule3 and (tie_3_4_float16 or below_threshold_41)", timeout=120)
+  assert rc == 1, out
+  assert "conflicting option string" not in out
+  table = pd.read_csv(tmp_path / "out.csv", dtype=str, keep_default_na=False)
+  assert dict(zip(table.case, table.outcome)) == {"tie_3_4_float16": "error",
+                                                  "below_threshold_41": "pass"}
+
+
 def test_preflight_blames_a_wrong_return_convention_in_one_message(tmp_path):
   rc, out = _pytest(tmp_path, "--impl", "tmpmod:three", "-k", "rule3")
   assert rc == 1, out
