@@ -26,6 +26,16 @@ RUNNER = "clipbench.conformance.sharding.jax_runner"
 CHILD_TIMEOUT_S = 1800
 
 
+def off_host_reason(impl: Implementation) -> str | None:
+  """Why the sharded runs cannot check ``impl``: they run their ranks on the host (JAX host
+  devices, gloo processes), so an implementation declared for other devices only gets none."""
+  devices = impl.capabilities.devices
+  if "cpu" in devices:
+    return None
+  return (f"runs on {'/'.join(devices)} only; the sharded runs use host ranks (JAX host "
+          "devices, torch gloo processes)")
+
+
 class NotApplicable(Exception):
   """The layout cannot be given to this implementation on this engine (the reason)."""
 
