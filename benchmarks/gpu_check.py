@@ -1,14 +1,15 @@
 """``make gpu-check``: what only a CUDA machine can tell about the own kernels.
 
-``python -m clipbench.benchmarks.gpu_check [--scale S] [--output PATH]`` runs, on a machine
-whose torch sees a CUDA GPU:
+``python -m clipbench.benchmarks.gpu_check [--scale S] [--jobs N] [--workdir DIR] [--output
+PATH]`` runs, on a machine whose torch sees a CUDA GPU:
 
-1. the conformance suite for the own torch (eager and ``torch.compile``), Triton and JAX
+1. the card's copy bandwidth, measured, and its datasheet peak (``PEAK_BANDWIDTH_GBS``);
+2. the CUDA benchmarks, first, on a card nothing else uses: ``clipbench bench`` on device
+   ``cuda`` for every implementation the grid times there (``grid.impls_for(family,
+   "cuda")``: the asv ``...Cuda`` classes' grid);
+3. the conformance suite for the own torch (eager and ``torch.compile``), Triton and JAX
    (``clipbench.jax`` and its XLA-graph route ``clipbench.jax-xla``) implementations with
-   their work on the GPU;
-2. the CUDA benchmarks: ``clipbench bench`` on device ``cuda`` for every implementation the
-   grid times there (``grid.impls_for(family, "cuda")``: the asv ``...Cuda`` classes' grid);
-3. the card's copy bandwidth, measured, and its datasheet peak (``PEAK_BANDWIDTH_GBS``);
+   their work on the GPU, ``N`` children at a time (each with its own log);
 
 and writes one Markdown section (``results/gpu-check.md`` by default) with each benchmark's
 achieved bandwidth -- the three passes over the data of the roofline (read, read, write) over
@@ -32,7 +33,7 @@ not interpreted.
 from __future__ import annotations
 
 import argparse
-import csv
+import contextlib
 import dataclasses
 import functools
 import math
@@ -41,8 +42,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Sequence
 
+from clipbench import files
 from clipbench.benchmarks import grid, roofline, timing
 from clipbench.impls import registry
 
@@ -62,6 +65,9 @@ PEAK_BANDWIDTH_GBS: tuple[tuple[str, float], ...] = (
     (r"\bA100-SXM4-40GB\b", 1555.0),
     (r"\bA100-PCIE-40GB\b", 1555.0),
 )
+
+# The children import the proxies from here: not ``__name__``, which is "__main__" under ``-m``.
+MODULE = "clipbench.benchmarks.gpu_check"
 
 # The own implementations checked on the GPU, by the attribute of this module that runs each
 # there: ``clipbench conform --impl clipbench.benchmarks.gpu_check:torch_on_cuda``.
@@ -138,6 +144,19 @@ def _jax_movers(device: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]
 _MOVERS = {"torch": _torch_movers, "jax": _jax_movers}
 
 
+def _is_torch_tensor(x: Any) -> bool:
+  import torch
+  return isinstance(x, torch.Tensor)
+
+
+def _is_jax_array(x: Any) -> bool:
+  import jax
+  return isinstance(x, jax.Array)
+
+
+_ARRAY_TYPES = {"torch": _is_torch_tensor, "jax": _is_jax_array}
+
+
 def _map_leaves(move: Callable[[Any], Any], leaves: Any) -> Any:
   # Bad-input cases pass things that are not sequences of arrays: those go through untouched.
   if isinstance(leaves, (list, tuple)):
@@ -170,11 +189,18 @@ class OnDevice:
     self.library = impl.library
     self.version = impl.version
     self.description = f"{impl.description}, called on {device}"
-    self.capabilities = dataclasses.replace(impl.capabilities, transforms=())
+    # Only this device: the sharded-input rule runs its ranks on the host (gloo processes, JAX
+    # host devices), which a call moved onto one GPU cannot take part in.
+    self.capabilities = dataclasses.replace(impl.capabilities, transforms=(), devices=(device,))
     self._device = device
     self._to_device, self._to_host, self._on_device = _MOVERS[impl.framework](device)
+    self._is_array = _ARRAY_TYPES[impl.framework]
     for op in impl.ops:
       setattr(self, op, self._called_on_device(impl.function(op)))
+
+  def _has_array(self, leaves: Any) -> bool:
+    return any(self._is_array(x) for x in
+               (leaves if isinstance(leaves, (list, tuple)) else [leaves]))
 
   def _called_on_device(self, function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)  # keeps the signature the suite's probing reads
@@ -187,7 +213,10 @@ class OnDevice:
         return result  # a broken convention: the suite's preflight reports it as it is
       out, norms = result
       returned = list(out) if isinstance(out, (list, tuple)) else [out]
-      if not all(self._on_device(x) for x in (*returned, norms)):
+      # With no array among the leaves (no leaves at all, say) nothing tells the
+      # implementation which device to use: its norms may rightly be on the host.
+      placed = [*returned, norms] if self._has_array(leaves) else returned
+      if not all(self._on_device(x) for x in placed):
         raise RuntimeError(f"{self.name}: returned leaves or norms off {self._device}")
       return _map_leaves(self._to_host, out), self._to_host(norms)
     return call
@@ -300,6 +329,8 @@ def cuda_benchmarked_impls() -> list[str]:
 def _child_env() -> dict[str, str]:
   env = dict(os.environ)
   env.pop("TRITON_INTERPRET", None)
+  # Children share the card (--jobs): JAX would otherwise take 75% of its memory in each.
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   return env
 
 
@@ -314,33 +345,72 @@ def jax_gpu_reason() -> str | None:
 
 
 def count_outcomes(results_csv: str, impl: str) -> dict[str, int]:
-  counts: dict[str, int] = {}
-  with open(results_csv, newline="", encoding="utf-8") as f:
-    for row in csv.DictReader(f):
-      if row["impl"] == impl:
-        counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
-  return counts
+  # pandas, not the csv module: the reproducer column holds whole scripts, past the csv
+  # module's default field limit (128 KiB).
+  import pandas as pd
+  table = pd.read_csv(results_csv, dtype=str, keep_default_na=False)
+  return {str(k): int(v) for k, v in
+          table.loc[table["impl"] == impl, "outcome"].value_counts().items()}
 
 
-def run_conformance(workdir: str) -> list[ConformanceRun]:
-  """One ``clipbench conform`` child per own implementation, its work on the GPU."""
-  runs = []
+def conformance_command(attr: str, results_csv: str) -> list[str]:
+  """The child that checks the proxy ``attr`` of this module and writes ``results_csv``."""
+  return [sys.executable, "-m", "clipbench", "conform", "--impl", f"{MODULE}:{attr}",
+          "--results", results_csv]
+
+
+def run_conformance(workdir: str, jobs: int = 1) -> list[ConformanceRun]:
+  """One ``clipbench conform`` child per own implementation, its work on the GPU, at most
+  ``jobs`` at a time. Each child's output goes to ``<workdir>/conformance-<attr>.log`` and is
+  printed whole when it ends, so that concurrent children do not interleave."""
+  runs: dict[str, ConformanceRun] = {}
+  pending: list[tuple[str, str, list[str]]] = []
   for attr, impl_name in ON_CUDA.items():
     proxy_name = f"{impl_name}@cuda"
     impl = registry.load(impl_name)
     reason = (f"{impl_name} unavailable: {impl.reason}" if not impl.available else
               jax_gpu_reason() if impl.framework == "jax" else None)
     if reason:
-      runs.append(ConformanceRun(proxy_name, {}, reason))
+      runs[attr] = ConformanceRun(proxy_name, {}, reason)
       continue
+    pending.append((attr, proxy_name,
+                    conformance_command(attr, os.path.join(workdir, f"conformance-{attr}.csv"))))
+  running: list[tuple[str, str, subprocess.Popen, Any]] = []
+
+  def finish(attr: str, proxy_name: str, child: subprocess.Popen, log: Any) -> None:
+    rc = child.wait()
+    log.close()
+    with open(log.name, encoding="utf-8", errors="replace") as f:
+      print(f"--- {proxy_name}: exit status {rc} (log {log.name})\n{f.read()}", flush=True)
     results_csv = os.path.join(workdir, f"conformance-{attr}.csv")
-    cmd = [sys.executable, "-m", "clipbench", "conform", "--impl", f"{__name__}:{attr}",
-           "--results", results_csv]
-    print("$ " + " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd, env=_child_env())
     counts = count_outcomes(results_csv, proxy_name) if os.path.exists(results_csv) else {}
-    runs.append(ConformanceRun(proxy_name, counts, exit_status=rc))
-  return runs
+    runs[attr] = ConformanceRun(proxy_name, counts, exit_status=rc)
+
+  try:
+    for attr, proxy_name, cmd in pending:
+      while len(running) >= jobs:
+        finish(*running.pop(_first_done(running)))
+      print("$ " + " ".join(cmd), flush=True)
+      log = open(os.path.join(workdir, f"conformance-{attr}.log"), "w", encoding="utf-8")
+      child = subprocess.Popen(cmd, env=_child_env(), stdout=log, stderr=subprocess.STDOUT)
+      running.append((attr, proxy_name, child, log))
+    while running:
+      finish(*running.pop(_first_done(running)))
+  finally:
+    for _, _, child, log in running:  # interrupted: no child outlives the check
+      child.kill()
+      child.wait()
+      log.close()
+  return [runs[attr] for attr in ON_CUDA]
+
+
+def _first_done(running: Sequence[tuple[str, str, subprocess.Popen, Any]]) -> int:
+  """The index of a child that has ended, waiting for one."""
+  while True:
+    for i, (_, _, child, _) in enumerate(running):
+      if child.poll() is not None:
+        return i
+    time.sleep(0.2)
 
 
 def run_benchmarks(workdir: str, scale: float) -> tuple[int, list[Timing]]:
@@ -419,11 +489,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
       "bandwidth against the card's peak; without a GPU, one line and exit 0.")
   parser.add_argument("--scale", type=float, default=1.0,
                       help="workload scale of the benchmarks (1.0 = the stated sizes)")
+  parser.add_argument("--jobs", type=int, default=1,
+                      help="conformance children run at once (they share the card; the "
+                      "benchmarks always run alone, before them)")
+  parser.add_argument("--workdir",
+                      help="keep the children's result tables and logs in this folder "
+                      "(default: a temporary folder, removed afterwards)")
   parser.add_argument("--output", default=DEFAULT_OUTPUT,
                       help=f"where the Markdown section goes (default: {DEFAULT_OUTPUT})")
   args = parser.parse_args(argv)
   if not args.scale > 0:
     parser.error(f"--scale: expected a positive number, got {args.scale!r}")
+  if args.jobs < 1:
+    parser.error(f"--jobs: expected a positive integer, got {args.jobs!r}")
   return args
 
 
@@ -434,15 +512,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"gpu-check: {reason}; nothing checked")
     return 0
   device = describe_device()
-  with tempfile.TemporaryDirectory(prefix="gpu-check-") as workdir:
-    conformance = run_conformance(workdir)
+  with contextlib.ExitStack() as stack:
+    if args.workdir:
+      os.makedirs(args.workdir, exist_ok=True)
+      workdir = args.workdir
+    else:
+      workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-"))
+    # The benchmarks first, on a card nothing else uses; then the conformance children.
     bench_rc, timings = run_benchmarks(workdir, args.scale)
+    conformance = run_conformance(workdir, args.jobs)
   section = report_section(device, conformance, timings, args.scale)
   folder = os.path.dirname(args.output)
   if folder:
     os.makedirs(folder, exist_ok=True)
-  with open(args.output, "w", encoding="utf-8") as f:
-    f.write(section)
+  files.write_text(args.output, section)
   print(section)
   print(f"gpu-check: report section written to {args.output}")
   failed = any(run.failed for run in conformance) or bench_rc != 0

@@ -6,9 +6,11 @@ probe) needs a GPU and is not run here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -146,6 +148,32 @@ def test_on_device_proxy_refuses_outputs_left_off_the_device(
     proxy.clip_by_global_norm([torch.from_numpy(leaves[0])], 1.0)
 
 
+def test_on_device_proxy_lets_norms_of_no_leaves_stay_on_the_host(
+    monkeypatch: pytest.MonkeyPatch) -> None:
+  # With no leaves nothing tells the implementation the device: host norms are no fault.
+  proxy = gpu_check.OnDevice("baseline.torch-index-add", "cpu")
+  monkeypatch.setattr(proxy, "_on_device", lambda x: False)
+  out, norms = proxy.clip_by_global_norm([], 1.0)
+  assert list(out) == [] and np.asarray(norms).tolist() == [0.0]
+
+
+def test_on_device_proxy_declares_only_its_device_so_sharded_runs_skip_it() -> None:
+  from clipbench.conformance.sharding import checks  # pylint: disable=import-outside-toplevel
+  proxy = gpu_check.OnDevice("clipbench.torch", "cpu")
+  assert proxy.capabilities.devices == ("cpu",) and checks.off_host_reason(proxy) is None
+  on_cuda = types.SimpleNamespace(capabilities=dataclasses.replace(proxy.capabilities,
+                                                                  devices=("cuda",)))
+  assert "cuda only" in checks.off_host_reason(on_cuda)
+
+
+def test_outcomes_are_counted_past_the_csv_modules_field_limit(tmp_path) -> None:
+  table = tmp_path / "results.csv"
+  table.write_text("impl,outcome,reproducer\n"
+                   f"a@cuda,pass,\"{'x' * 200_000}\"\n"
+                   "a@cuda,fail,short\nb@cuda,pass,short\n")
+  assert gpu_check.count_outcomes(str(table), "a@cuda") == {"pass": 1, "fail": 1}
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(impl_name="baseline.torch-index-add", device="tpu"), "device"),
     (dict(impl_name="clipbench.numba"), "impl_name: clipbench.numba is a numpy"),
@@ -154,3 +182,58 @@ def test_on_device_proxy_refuses_outputs_left_off_the_device(
 def test_on_device_proxy_refuses_what_it_cannot_run(bad: dict, match: str) -> None:
   with pytest.raises(ValueError, match=match):
     gpu_check.OnDevice(**bad)
+
+
+def test_conformance_children_run_concurrently_each_with_its_own_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture) -> None:
+  # Stand-in children: each waits until all of them have started (so --jobs 5 must run them
+  # at once), writes a result table and exits; the jax child fails.
+  started = tmp_path / "started"
+  started.mkdir()
+  child = (
+      "import csv, os, sys, time\n"
+      "attr, results, impl, rc = sys.argv[1:5]\n"
+      "open(os.path.join(sys.argv[5], attr), 'w').close()\n"
+      "deadline = time.time() + 120\n"
+      "while len(os.listdir(sys.argv[5])) < 5 and time.time() < deadline: time.sleep(0.05)\n"
+      "print('child', attr, 'saw', len(os.listdir(sys.argv[5])), 'started')\n"
+      "with open(results, 'w', newline='') as f:\n"
+      "  w = csv.DictWriter(f, ['impl', 'outcome']); w.writeheader()\n"
+      "  w.writerow({'impl': impl, 'outcome': 'pass'})\n"
+      "  w.writerow({'impl': impl, 'outcome': 'fail' if rc != '0' else 'pass'})\n"
+      "sys.exit(int(rc))\n")
+
+  def command(attr: str, results_csv: str) -> list[str]:
+    rc = "1" if attr == "jax_on_cuda" else "0"
+    return [sys.executable, "-c", child, attr, results_csv, f"{gpu_check.ON_CUDA[attr]}@cuda",
+            rc, str(started)]
+
+  monkeypatch.setattr(gpu_check, "conformance_command", command)
+  available = types.SimpleNamespace(available=True, reason="", framework="torch")
+  monkeypatch.setattr(gpu_check.registry, "load", lambda name: available)
+  runs = gpu_check.run_conformance(str(tmp_path), jobs=5)
+  assert [r.impl for r in runs] == [f"{n}@cuda" for n in gpu_check.ON_CUDA.values()]
+  by_impl = {r.impl: r for r in runs}
+  assert by_impl["clipbench.jax@cuda"].failed
+  assert by_impl["clipbench.jax@cuda"].counts == {"pass": 1, "fail": 1}
+  assert [r.verdict for r in runs if r.impl != "clipbench.jax@cuda"] == ["conforms"] * 4
+  for attr in gpu_check.ON_CUDA:
+    log = (tmp_path / f"conformance-{attr}.log").read_text()
+    assert f"child {attr} saw 5 started" in log
+  assert capsys.readouterr().out.count("--- clipbench.") == 5
+
+
+def test_bad_jobs_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture) -> None:
+  with pytest.raises(SystemExit) as exit_info:
+    gpu_check.main(["--jobs", "0"])
+  assert exit_info.value.code == 2
+  assert "--jobs" in capsys.readouterr().err
+
+
+def test_children_import_the_proxies_by_the_module_name_even_when_run_as_main(
+    monkeypatch: pytest.MonkeyPatch) -> None:
+  # `python -m clipbench.benchmarks.gpu_check` runs this module as "__main__", which a child
+  # process cannot import the proxies from.
+  monkeypatch.setattr(gpu_check, "__name__", "__main__")
+  cmd = gpu_check.conformance_command("torch_on_cuda", "out.csv")
+  assert cmd[cmd.index("--impl") + 1] == "clipbench.benchmarks.gpu_check:torch_on_cuda"
