@@ -91,3 +91,21 @@ def test_certified_bits_equal_exact_oracle_bits(dtype, p):
                                                       num_systems=4, norm_type=p)
     assert _bits(got_norms) == _bits(want_norms)
     assert [_bits(x) for x in got] == [_bits(x) for x in want]
+
+
+def test_compiled_passes_keep_inductor_from_eliding_low_precision_casts(monkeypatch):
+  # Inductor's Triton code elides a float16/bfloat16 downcast followed by an upcast unless
+  # emulate_precision_casts is set; the rounding toward zero compares against that downcast,
+  # and on CUDA broke rules 4, 5 and 11 without it (docs/gpu.md). The CPU code keeps the casts
+  # either way, so what is checked here is that every compiled pass asks for them.
+  from clipbench.impls.own.torch import compiled_passes  # pylint: disable=import-outside-toplevel
+  seen = []
+
+  def fake_compile(fn, **kwargs):
+    seen.append(kwargs.get("options") or {})
+    return fn
+
+  monkeypatch.setattr(torch, "compile", fake_compile)
+  compiled_passes.CompiledKernels()
+  assert len(seen) >= 7
+  assert all(options.get("emulate_precision_casts") is True for options in seen)

@@ -45,6 +45,15 @@ def _apply_rows(m: torch.Tensor, keep: torch.Tensor, s_leaf: torch.Tensor) -> to
   return torch.where(keep.unsqueeze(1), m, m * s_leaf.unsqueeze(1))
 
 
+# Inductor's Triton code computes float16/bfloat16 in float32 and, by default, elides a
+# downcast followed by an upcast (``torch._inductor.config.emulate_precision_casts``). The
+# rounding toward zero (``apply.scale_toward_zero``) compares the value rounded into the leaf
+# dtype with the exact product: with the pair elided it saw the unrounded value, and on CUDA
+# float16/bfloat16 outputs broke rules 4, 5 and 11 (NaN from finite input among them; the GPU
+# check of 2026-11-26, docs/gpu.md). Inductor's C++ code for the CPU keeps the casts either way.
+INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
+
+
 def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
   """torch.compile(fn) with the row dimension (dim 0) of every input dynamic, the rest static.
 
@@ -54,7 +63,7 @@ def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
   above 16 are dynamic too. A new dtype or small row width recompiles (a handful of graphs for real
   layouts), so dynamo's recompile limit is raised during the call.
   """
-  compiled_fn = torch.compile(fn, fullgraph=True)
+  compiled_fn = torch.compile(fn, fullgraph=True, options=INDUCTOR_OPTIONS)
 
   def call(*args):
     if torch.compiler.is_compiling():
