@@ -113,3 +113,47 @@ def test_far_below_the_max_is_a_zero_term_for_huge_p():
   with jax.enable_x64(True):
     got = implementation.clip_grad_norm([jnp.asarray(leaves[0])], np.inf, norm_type=1000.0)[1]
     assert float(got) == float(want) == 1.0
+
+
+def _float_conversion_round_trips(jaxpr) -> list[str]:
+  """Conversions float -> narrower float whose result is converted straight back to a wider
+  float, in ``jaxpr`` and every sub-jaxpr."""
+  found = []
+
+  def walk(j):
+    narrowed = {}
+    for eqn in j.eqns:
+      if eqn.primitive.name == "convert_element_type":
+        src, dst = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
+        if jnp.issubdtype(src, jnp.floating) and jnp.issubdtype(dst, jnp.floating):
+          origin = narrowed.get(eqn.invars[0]) if not hasattr(eqn.invars[0], "val") else None
+          if origin is not None and np.dtype(dst).itemsize > np.dtype(src).itemsize:
+            found.append(f"{origin} -> {src} -> {dst}")
+          if np.dtype(dst).itemsize < np.dtype(src).itemsize:
+            narrowed[eqn.outvars[0]] = str(src)
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          if hasattr(sub, "eqns"):
+            walk(sub)
+          elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+            walk(sub.jaxpr)
+
+  walk(jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32,), (ml_dtypes.bfloat16,), (np.float16,),
+                                    (np.float32, np.float64)])
+@pytest.mark.parametrize("op", ["clip_by_global_norm", "clip_by_max_step", "clip_grad_norm"])
+def test_the_graph_never_relies_on_a_float_conversion_round_trip(dtypes, op):
+  # XLA's GPU compiler removes float64 -> float32 -> float64 chains (excess precision, on by
+  # default): a rounding that relies on one is skipped there, which broke rule 4 on a GPU.
+  from clipbench.impls.own.jax import xla_graph  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(1)
+  leaves = [jnp.asarray(rng.normal(size=(6, 3)).astype(dt)) for dt in dtypes]
+  kwargs = {} if op == "clip_grad_norm" else {"segments": [np.array([0, 0, 1, 1, 2, 2])] *
+                                              len(leaves), "num_systems": 3}
+  with jax.enable_x64(True):
+    jaxpr = jax.make_jaxpr(lambda ls: getattr(xla_graph, op)(ls, 0.5, **kwargs))(leaves)
+  assert jaxpr.eqns, "nothing traced"
+  assert _float_conversion_round_trips(jaxpr.jaxpr) == []

@@ -52,13 +52,25 @@ def _apply_wide_leaf(x, act, s_m, s_e, zero_mode: bool):
   return _select(x, fmt, act, bits, scaled, dec.nonfinite, zero_mode)
 
 
+def _float32_bits_as_float64(qb):
+  """The float64 value of normal float32 bits, rebuilt on the bits.
+
+  Not ``q.astype(jnp.float64)``: XLA's GPU compiler removes a float64 -> float32 -> float64
+  chain of conversions (its excess-precision rewrite, on by default), which skipped the
+  rounding the fix-up compares against and broke rule 4 there (the GPU check of 2026-11-26,
+  docs/gpu.md)."""
+  b = u64(qb)
+  bits = (((b >> 23) + (1023 - 127)) << 52) | ((b & 0x7FFFFF) << 29)
+  return lax.bitcast_convert_type(bits, jnp.float64)
+
+
 def _rtz_float32_bits(y):
   """uint32 bits of float64 y >= 0 rounded toward zero into float32: the normal range by a float
   conversion and a one-ulp fix-up; the subnormal range (which the conversion would flush) by
   integer truncation."""
   q = y.astype(jnp.float32)
   qb = lax.bitcast_convert_type(q, jnp.uint32)
-  qb = qb - (q.astype(jnp.float64) > y).astype(jnp.uint32)
+  qb = qb - (_float32_bits_as_float64(qb) > y).astype(jnp.uint32)
   sub_units = jnp.floor(y * 2.0 ** 149).astype(jnp.int32).astype(jnp.uint32)
   f32b = jnp.where(y < 2.0 ** -126, sub_units, qb)
   return jnp.where(y < 2.0 ** -149, jnp.uint32(0), f32b)

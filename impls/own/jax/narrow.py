@@ -37,10 +37,11 @@ _TWO_GRID_ELEMENTS = 1 << 25
 def widen(x, zero_nonfinite: bool = True):
   """(|x| as an exact float64, nan, nonfinite) for a float16/bfloat16/float32 array.
 
-  Normal values convert exactly with a float conversion; a subnormal (which the conversion
-  flushes to 0) is its integer fraction field times 2**-149 (2**-133 for bfloat16), added in
-  (the two terms are never both nonzero). Kept in float32 until the last step: XLA vectorises
-  that far better than a 64-bit select."""
+  Normal values convert exactly with a float conversion; a subnormal is its integer fraction
+  field times 2**-149 (2**-133 for bfloat16), added in. The conversion's own value of a
+  subnormal is zeroed first (a float32 select): XLA's CPU flushes it to 0, but XLA's GPU keeps
+  it, which counted every subnormal twice there (the GPU check of 2026-11-26, docs/gpu.md).
+  Kept in float32 until the last step: XLA vectorises that far better than a 64-bit select."""
   dt = np.dtype(x.dtype)
   nan = jnp.isnan(x)
   nonfinite = ~jnp.isfinite(x)
@@ -48,12 +49,16 @@ def widen(x, zero_nonfinite: bool = True):
     v = jnp.abs(x.astype(jnp.float64))  # half-precision conversions keep subnormals
   elif dt == np.float32:
     ab = lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF
-    sub = jnp.where(ab < 0x800000, ab.astype(jnp.float32), 0.0)
-    v = jnp.abs(x).astype(jnp.float64) + sub.astype(jnp.float64) * _TWO_M149
+    subnormal = ab < 0x800000
+    sub = jnp.where(subnormal, ab.astype(jnp.float32), 0.0)
+    normal = jnp.where(subnormal, jnp.float32(0.0), jnp.abs(x))
+    v = normal.astype(jnp.float64) + sub.astype(jnp.float64) * _TWO_M149
   else:  # bfloat16
     ab = lax.bitcast_convert_type(x, jnp.int16).astype(jnp.int32) & 0x7FFF
-    sub = jnp.where(ab < 0x80, ab.astype(jnp.float32), 0.0)
-    v = jnp.abs(x.astype(jnp.float32)).astype(jnp.float64) + sub.astype(jnp.float64) * _TWO_M133
+    subnormal = ab < 0x80
+    sub = jnp.where(subnormal, ab.astype(jnp.float32), 0.0)
+    normal = jnp.where(subnormal, jnp.float32(0.0), jnp.abs(x.astype(jnp.float32)))
+    v = normal.astype(jnp.float64) + sub.astype(jnp.float64) * _TWO_M133
   if zero_nonfinite:
     v = jnp.where(nonfinite, 0.0, v)
   return v, nan, nonfinite
