@@ -237,3 +237,18 @@ def test_children_import_the_proxies_by_the_module_name_even_when_run_as_main(
   monkeypatch.setattr(gpu_check, "__name__", "__main__")
   cmd = gpu_check.conformance_command("torch_on_cuda", "out.csv")
   assert cmd[cmd.index("--impl") + 1] == "clipbench.benchmarks.gpu_check:torch_on_cuda"
+
+
+def test_an_unreadable_result_table_fails_its_run_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+  # The first run on a GPU lost a child still running when one table could not be read.
+  def command(attr: str, results_csv: str) -> list[str]:
+    body = "no header at all\n" if attr == "torch_on_cuda" else "impl,outcome\nx@cuda,pass\n"
+    return [sys.executable, "-c", f"open({results_csv!r}, 'w').write({body!r})"]
+
+  monkeypatch.setattr(gpu_check, "conformance_command", command)
+  available = types.SimpleNamespace(available=True, reason="", framework="torch")
+  monkeypatch.setattr(gpu_check.registry, "load", lambda name: available)
+  runs = gpu_check.run_conformance(str(tmp_path), jobs=2)
+  assert [r.failed for r in runs] == [True, False, False, False, False]
+  assert runs[0].verdict == "clipbench conform exited 1"
