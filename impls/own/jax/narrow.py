@@ -166,8 +166,9 @@ def global_stats(leaves, systems: Systems, p: float, zero_mode: bool) -> SystemS
           v, _, _ = widen(xr)
           keep_sub = systems.per_row(tiny_exact, i, n_rows)[:, None]
           v = jnp.where(keep_sub | (v >= 2.0 ** -126), v, 0.0)
-        else:
-          v = jnp.where(jnp.isfinite(xr), jnp.abs(xr), 0.0).astype(jnp.float64)
+        else:  # below 2**-126 dropped here too: XLA's CPU flushes it, XLA's GPU would not
+          ax = jnp.abs(xr)
+          v = jnp.where(jnp.isfinite(xr) & (ax >= 2.0 ** -126), ax, 0.0).astype(jnp.float64)
         consts = systems.per_row(jnp.stack([scale_inv] + list(sigmas), axis=1), i, n_rows)
         f = consts[:, 0:1]
         a = v / f if divided else v * f
