@@ -241,7 +241,9 @@ def check(request: pytest.FixtureRequest):
       if isinstance(e, CallTimeout) or "no result within --timeout" in message:
         props.append(("timed_out", True))
       if inputs is not None:
-        text = reproducer.snippet(target.impl.name, target.impl.description, target.op, inputs,
+        # An outside implementation is loaded again by its spec: its own name is not registered.
+        spec = target.impl.target if target.impl.kind == "outside" else target.impl.name
+        text = reproducer.snippet(spec, target.impl.description, target.op, inputs,
                                   getattr(target.impl.obj, "reproducer", None),
                                   rule=target.rule)
         props.append(("reproducer", text))

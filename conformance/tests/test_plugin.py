@@ -88,6 +88,16 @@ def test_failures_are_one_line_each_with_the_draft_command(tmp_path):
   verbose_rc, verbose = _pytest(tmp_path, "--impl", "tmpmod:zeros", "-k", "rule4 and clip_3_4",
                                 "-v")
   assert verbose_rc == 1 and "Reproducer" in verbose
+  # The reproducer runs on its own and shows the departure, loading the implementation by its
+  # spec (its name, "tmpimpl", is registered nowhere).
+  table = pd.read_csv(tmp_path / "out.csv", dtype=str, keep_default_na=False)
+  (tmp_path / "repro.py").write_text(table.reproducer[table.outcome == "fail"].iloc[0])
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+  done = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=300, env=env)
+  assert "registry.load('tmpmod:zeros')" in (tmp_path / "repro.py").read_text()
+  assert done.returncode == 1 and "AssertionError" in done.stderr, done.stdout + done.stderr
+  assert "unknown implementation" not in done.stdout + done.stderr
 
 
 def test_timeout_records_the_stuck_case_as_an_error_and_moves_on(tmp_path):
