@@ -96,8 +96,8 @@ def test_certified_bits_equal_exact_oracle_bits(dtype, p):
 def test_compiled_passes_keep_inductor_from_eliding_low_precision_casts(monkeypatch):
   # Inductor's Triton code elides a float16/bfloat16 downcast followed by an upcast unless
   # emulate_precision_casts is set; the rounding toward zero compares against that downcast,
-  # and on CUDA broke rules 4, 5 and 11 without it (docs/gpu.md). The CPU code keeps the casts
-  # either way, so what is checked here is that every compiled pass asks for them.
+  # and on CUDA broke rules 4, 5 and 11 without it (docs/gpu.md). On the CPU every check passed
+  # without it, so what is checked here is that every compiled pass asks for it.
   from clipbench.impls.own.torch import compiled_passes  # pylint: disable=import-outside-toplevel
   seen = []
 
