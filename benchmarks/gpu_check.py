@@ -45,7 +45,7 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from clipbench import files
+from clipbench import child_run, files
 from clipbench.benchmarks import grid, roofline, timing
 from clipbench.impls import registry
 
@@ -107,7 +107,7 @@ def no_gpu_reason() -> str | None:
 
 
 def _torch_movers(device: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any],
-                                        Callable[[Any], bool]]:
+                                        Callable[[Any], bool], Callable[[Any], bool]]:
   import torch
   target = torch.device(device)
 
@@ -120,11 +120,11 @@ def _torch_movers(device: str) -> tuple[Callable[[Any], Any], Callable[[Any], An
   def on_device(x: Any) -> bool:
     return not isinstance(x, torch.Tensor) or x.device.type == target.type
 
-  return to_device, to_host, on_device
+  return to_device, to_host, on_device, lambda x: isinstance(x, torch.Tensor)
 
 
 def _jax_movers(device: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any],
-                                      Callable[[Any], bool]]:
+                                      Callable[[Any], bool], Callable[[Any], bool]]:
   import jax
   target = jax.devices("gpu" if device == "cuda" else "cpu")[0]
   host = jax.devices("cpu")[0]
@@ -138,23 +138,11 @@ def _jax_movers(device: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]
   def on_device(x: Any) -> bool:
     return not isinstance(x, jax.Array) or x.devices() == {target}
 
-  return to_device, to_host, on_device
+  return to_device, to_host, on_device, lambda x: isinstance(x, jax.Array)
 
 
+# Per framework: (to the device, to the host, on the device or not an array, is an array).
 _MOVERS = {"torch": _torch_movers, "jax": _jax_movers}
-
-
-def _is_torch_tensor(x: Any) -> bool:
-  import torch
-  return isinstance(x, torch.Tensor)
-
-
-def _is_jax_array(x: Any) -> bool:
-  import jax
-  return isinstance(x, jax.Array)
-
-
-_ARRAY_TYPES = {"torch": _is_torch_tensor, "jax": _is_jax_array}
 
 
 def _map_leaves(move: Callable[[Any], Any], leaves: Any) -> Any:
@@ -193,8 +181,8 @@ class OnDevice:
     # host devices), which a call moved onto one GPU cannot take part in.
     self.capabilities = dataclasses.replace(impl.capabilities, transforms=(), devices=(device,))
     self._device = device
-    self._to_device, self._to_host, self._on_device = _MOVERS[impl.framework](device)
-    self._is_array = _ARRAY_TYPES[impl.framework]
+    (self._to_device, self._to_host, self._on_device,
+     self._is_array) = _MOVERS[impl.framework](device)
     for op in impl.ops:
       setattr(self, op, self._called_on_device(impl.function(op)))
 
@@ -402,8 +390,7 @@ def run_conformance(workdir: str, jobs: int = 1) -> list[ConformanceRun]:
       finish(*running.pop(_first_done(running)))
   finally:
     for _, _, child, log in running:  # interrupted: no child outlives the check
-      child.kill()
-      child.wait()
+      child_run.stop_child(child)  # SIGINT first, so that its own pytest child stops too
       log.close()
   return [runs[attr] for attr in ON_CUDA]
 

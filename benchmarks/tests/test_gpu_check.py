@@ -252,3 +252,27 @@ def test_an_unreadable_result_table_fails_its_run_only(
   runs = gpu_check.run_conformance(str(tmp_path), jobs=2)
   assert [r.failed for r in runs] == [True, False, False, False, False]
   assert runs[0].verdict == "clipbench conform exited 1"
+
+
+def test_an_interrupted_check_leaves_no_child_running(
+    monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+  started = []
+  real_popen = subprocess.Popen
+
+  def popen(*args, **kwargs):
+    started.append(real_popen(*args, **kwargs))
+    return started[-1]
+
+  def interrupted(running):
+    raise KeyboardInterrupt  # Ctrl-C while the children run
+
+  monkeypatch.setattr(gpu_check, "conformance_command",
+                      lambda attr, csv: [sys.executable, "-c", "import time; time.sleep(600)"])
+  monkeypatch.setattr(gpu_check.registry, "load", lambda name: types.SimpleNamespace(
+      available=True, reason="", framework="torch"))
+  monkeypatch.setattr(gpu_check.subprocess, "Popen", popen)
+  monkeypatch.setattr(gpu_check, "_first_done", interrupted)
+  monkeypatch.setattr(gpu_check.child_run, "CHILD_STOP_GRACE_S", (0.1, 0.5, 0.5))
+  with pytest.raises(KeyboardInterrupt):
+    gpu_check.run_conformance(str(tmp_path), jobs=2)
+  assert len(started) == 2 and all(p.poll() is not None for p in started)
