@@ -357,6 +357,7 @@ def test_suite_import_loads_no_framework() -> None:
           "import clipbench.benchmarks.bench_clipping, clipbench.benchmarks.bench_workloads\n"
           "import clipbench.benchmarks.grid, clipbench.benchmarks.grid_point\n"
           "import clipbench.benchmarks.conftest, clipbench.benchmarks.roofline\n"
+          "import clipbench.benchmarks.plain_clip\n"
           "print(','.join(m for m in ('torch', 'jax', 'tensorflow', 'triton', 'numba')"
           " if m in sys.modules))\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
