@@ -1,8 +1,8 @@
 """The plain clip does what it is timed as: per-system L2 clipping, to float32 rounding.
 
-Its timings say what per-system work costs only if it does the whole job: every system's norm, every system above
-its threshold scaled to it, every other one kept, every row of every leaf written. Checked
-against numpy on W5 and W2 at a small scale, on one thread and on two.
+Its timings say what per-system work costs only if it does the whole job: every system's
+norm, every system above its threshold scaled to it, every other one kept, every row of every
+leaf written. Checked against numpy on W5 and W2 at a small scale, on one thread and on two.
 """
 
 from __future__ import annotations

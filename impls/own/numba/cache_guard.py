@@ -15,8 +15,9 @@ longer there. A fresh clone has no cache, so CI never sees it; a developer's tre
 a kernel can inline) with the one stamped in ``cache_dir``. When they differ, or there is no
 stamp, it removes the numba cache files there (``*.nbi``, ``*.nbc``) and then writes the new
 stamp (atomically, with ``clipbench.files``: an interrupted run leaves the old stamp or none,
-and the next import clears again). The package calls it for its kernels' cache directories at import, before any
-kernel runs; modules and tests that define cached kernels of their own call it for theirs.
+and the next import clears again). The package calls it for its kernels' cache directories at
+import, before any kernel runs; modules and tests that define cached kernels of their own call
+it for theirs.
 Two processes that clear at once both remove and both stamp; numba then compiles afresh.
 """
 

@@ -50,7 +50,8 @@ def _apply_rows(m: torch.Tensor, keep: torch.Tensor, s_leaf: torch.Tensor) -> to
 # rounding toward zero (``apply.scale_toward_zero``) compares the value rounded into the leaf
 # dtype with the exact product: with the pair elided it saw the unrounded value, and on CUDA
 # float16/bfloat16 outputs broke rules 4, 5 and 11 (NaN from finite input among them; the GPU
-# check of 2026-11-26, docs/gpu.md). On the CPU (inductor's C++ code) every check passed without it.
+# check of 2026-11-26, docs/gpu.md). On the CPU (inductor's C++ code) every check passed
+# without it.
 INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 
 
