@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from clipbench.benchmarks import workloads
-from clipbench.impls import calling
+from clipbench.impls import calling, frameworks
 from clipbench.impls.registry import DEVICES, Implementation, load
 
 JIT_MAX_LEAVES = 1000
@@ -119,6 +119,17 @@ def prepare(impl: Implementation, workload: workloads.Workload, inputs: workload
   return calling.prepare(impl, op, inputs.leaves, inputs.threshold, segments=inputs.segments,
                          num_systems=inputs.num_systems, norm_type=inputs.norm_type,
                          device=device)
+
+
+def refill_in_place(prepared: calling.Prepared, inputs: workloads.WorkloadInputs) -> None:
+  """Writes the workload's values back into ``prepared``'s leaves, untimed.
+
+  An in-place implementation (torch's ``clip_grad_norm_``) is timed as a training loop calls
+  it: on the same gradient tensors every step, freshly written, so the parameters that hold
+  them are built once, outside the timed calls.
+  """
+  for leaf, values in zip(prepared.leaves, inputs.leaves):
+    frameworks.copy_into(leaf, values)
 
 
 def timed_runner(impl: Implementation,

@@ -50,6 +50,19 @@ def to_framework(x: np.ndarray, framework: str, device: str = "cpu") -> Any:
   raise ValueError(f"framework: unknown framework {framework!r}")
 
 
+def copy_into(target: Any, x: np.ndarray) -> None:
+  """Writes ``x`` into the mutable array ``target`` (a torch tensor or a numpy array) in place,
+  bit for bit: how a benchmark gives an in-place implementation fresh values in the same arrays
+  (JAX and TensorFlow arrays are immutable, and no implementation of theirs clips in place)."""
+  module = type(target).__module__
+  if module.startswith("torch"):
+    target.copy_(to_framework(x, "torch", str(target.device)))
+  elif isinstance(target, np.ndarray):
+    np.copyto(target, np.asarray(x, dtype=target.dtype))
+  else:
+    raise TypeError(f"target: expected a torch tensor or a numpy array, got {type(target)!r}")
+
+
 def _torch_bf16_from_bits(x: np.ndarray):
   import torch
   bits = np.array(x, order="C", copy=True).view(np.int16)

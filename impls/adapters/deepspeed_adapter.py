@@ -46,6 +46,7 @@ import torch  # noqa: E402
 from deepspeed.runtime import utils as ds_utils  # noqa: E402
 
 from clipbench.impls import frameworks  # noqa: E402
+from clipbench.impls.adapters._torch_parameters import ParametersHolding  # noqa: E402
 from clipbench.protocol import ANY_NORM_TYPE, Capabilities  # noqa: E402
 
 
@@ -104,17 +105,16 @@ class DeepSpeedClipGradNorm:
       "norm = clip_grad_norm_(params, threshold, norm_type=norm_type)\n"
       "print([p.grad for p in params], norm)")
 
+  def __init__(self) -> None:
+    self._holding = ParametersHolding()  # built once per set of gradient tensors
+
   def clip_grad_norm(self, leaves: Sequence[Any], max_norm: float, *, norm_type: float = 2.0,
                      nonfinite: str = "propagate") -> tuple[list[torch.Tensor], torch.Tensor]:
     _check_nonfinite("deepspeed.runtime.utils.clip_grad_norm_", nonfinite)
     init_single_process_group()
     grads = [_as_tensor(x) for x in leaves]
-    params = []
-    for g in grads:
-      # The parameter's ``.grad`` is the very tensor, as after a backward pass.
-      param = torch.nn.Parameter(torch.empty_like(g))
-      param.grad = g
-      params.append(param)
+    # Each parameter's ``.grad`` is the very tensor, as after a backward pass.
+    params = self._holding(grads)
     total_norm = ds_utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
     return grads, total_norm
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from clipbench.impls.own.decision import KEEP, NAN_FILL
+from clipbench.impls.own.torch import branches
 from clipbench.impls.own.torch.formats import FMT64, round_to
 from clipbench.impls.own.torch.layout import Leaf, gather
 
@@ -92,7 +93,7 @@ def elementwise(x: torch.Tensor, fn: Callable[[torch.Tensor, torch.Tensor], Any]
   out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
   xf, of = x.reshape(-1), out.view(-1)
   n = xf.numel()
-  if x.device.type != "cpu" or n <= chunk:
+  if not branches.on_host(x.device) or n <= chunk:
     fn(xf, of)
     return out
   for a in range(0, n, chunk):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from clipbench.impls.own.decision import U64
+from clipbench.impls.own.torch import branches
 from clipbench.impls.own.torch.apply import Plan, apply_global, apply_leaf
 from clipbench.impls.own.torch.layout import Batch, Leaf, gather
 from clipbench.impls.own.torch.measure import gamma
@@ -270,7 +271,7 @@ class EagerKernels:
 
   def _rows_per_block(self, m: torch.Tensor) -> int:
     """Rows per block: blocks below the parallel grain on CPU, everything at once elsewhere."""
-    if m.device.type != "cpu":
+    if not branches.on_host(m.device):
       return max(1, m.shape[0])
     return max(1, self.CHUNK // max(m.shape[1], 1))
 

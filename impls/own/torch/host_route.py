@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from clipbench.impls.own.numba import api as numba_api
+from clipbench.impls.own.torch import branches
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _VIEWABLE = frozenset((torch.float32, torch.float64, torch.float16))  # Tensor.numpy() types
@@ -30,7 +31,7 @@ _VIEWABLE = frozenset((torch.float32, torch.float64, torch.float16))  # Tensor.n
 def applies(leaves: list[torch.Tensor]) -> bool:
   """The route takes every call on CPU tensors (outputs never carry an autograd graph, as on
   the CUDA route, which runs under ``torch.no_grad``)."""
-  return all(x.device.type == "cpu" for x in leaves)
+  return all(branches.on_host(x.device) for x in leaves)
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
