@@ -92,7 +92,8 @@ _ACTIVE: list[_Counter] = []
 
 
 def _dispatch_mode_class() -> type:
-  from torch.utils._python_dispatch import TorchDispatchMode  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from torch.utils._python_dispatch import TorchDispatchMode
 
   class _CountingMode(TorchDispatchMode):
     """Counts every aten operator dispatched while it is active."""

@@ -158,7 +158,7 @@ def apply_leaf(leaf: Leaf, plan: Plan, chunk: int = 1 << 15) -> torch.Tensor:
     keep_sys = torch.as_tensor(codes == KEEP_CODE, device=dev)
     s_sys = torch.as_tensor(plan.scale, dtype=torch.float64, device=dev).to(x.dtype)
     out = torch.empty_like(m)
-    step = leaf.rows if dev.type != "cpu" else max(1, chunk // max(leaf.width, 1))
+    step = leaf.rows if not branches.on_host(dev) else max(1, chunk // max(leaf.width, 1))
     for r0 in range(0, leaf.rows, step):
       seg = leaf.seg[r0:r0 + step]
       block = m[r0:r0 + step]

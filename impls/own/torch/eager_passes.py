@@ -146,10 +146,11 @@ class EagerKernels:
       if leaf.numel == 0:
         continue
       m = leaf.matrix()
-      step = leaf.rows if dev.type != "cpu" else max(1, self.CHUNK // max(leaf.width, 1))
+      host = branches.on_host(dev)
+      step = max(1, self.CHUNK // max(leaf.width, 1)) if host else leaf.rows
       if leaf.seg is None:
         flat = leaf.x.reshape(-1)
-        size = flat.numel() if dev.type != "cpu" else self.CHUNK
+        size = self.CHUNK if host else flat.numel()
         for a in range(0, flat.numel(), size):
           b = flat[a:a + size]
           big[0] = torch.maximum(big[0], torch.linalg.vector_norm(b, math.inf).double())
