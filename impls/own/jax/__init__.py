@@ -30,9 +30,10 @@ Numerical design of the graph (SPEC rules 3-5 and 11 by construction, not by XLA
   ``n g_last / 2``) joins a rigorous error bound.
 * **Float64 without global x64.** The core runs under ``jax.enable_x64(True)`` (scoped, so
   callers keep x64 off) and is cached by ``jax.jit`` on shapes and the static
-  :class:`.config.Config` (:mod:`.api`). Inside an enclosing ``jax.jit`` the graph is lowered
-  with x64 off; the ops used here lower correctly then (``jnp.frexp`` does not, so frexp is
-  done on the bits, :mod:`.formats`).
+  :class:`.config.Config` (:mod:`.api`). Called on its own it runs on rows padded to a power of
+  two, so it compiles per shape bucket, not per shape (:mod:`.buckets`). Inside an enclosing
+  ``jax.jit`` the graph is lowered with x64 off; the ops used here lower correctly then
+  (``jnp.frexp`` does not, so frexp is done on the bits, :mod:`.formats`).
 * **XLA flushes subnormals** in every float operation on CPU. Leaves of at most 32 bits are
   widened with exact float conversions, subnormals rebuilt from their integer fraction field
   (:mod:`.narrow`); results are rounded into bits with integer operations (:mod:`.rounding`).

@@ -14,7 +14,7 @@ import numpy as np
 from clipbench.impls.own import exact, validation
 from clipbench.impls.own.jax.config import Config, Threshold
 from clipbench.impls.own.jax.formats import FLOAT64, decode
-from clipbench.impls.own.jax import host_route
+from clipbench.impls.own.jax import buckets, host_route
 from clipbench.impls.own.jax.gradient import clip_jit
 from clipbench.protocol import ANY_NORM_TYPE, DTYPES, Capabilities
 
@@ -119,15 +119,34 @@ def _run(op: str, api_op: str, leaves, layout: SystemLayout, threshold: Threshol
   if host and host_route.is_concrete(leaves, layout.segs or (), tuple(threshold)):
     return host_route.eager(api_op, p, nonfinite, layout.num_systems, leaves, layout.segs,
                             threshold)
-  cfg = Config(op, float(p), nonfinite == "zero", int(layout.num_systems),
-               tuple(layout.sorted_flags), precise, dtypes, host, api_op, nonfinite)
+  if host or not buckets.compiled_alone(leaves, layout.segs or (), tuple(threshold)):
+    # The host route's custom call costs no compilation per shape; inside a staged trace the
+    # user's compilation holds the graph (buckets.compiled_alone).
+    cfg = Config(op, float(p), nonfinite == "zero", int(layout.num_systems),
+                 tuple(layout.sorted_flags), precise, dtypes, host, api_op, nonfinite)
+    with jax.enable_x64(True):
+      outs, norms = clip_jit(cfg, tuple(leaves), layout.segs, _device_counts(layout.counts),
+                             _device_threshold(threshold))
+    return list(outs), norms
   with jax.enable_x64(True):
-    threshold = Threshold(jnp.asarray(threshold.m, jnp.float64),
-                          jnp.asarray(threshold.e, jnp.int32),
-                          jnp.asarray(threshold.inf, bool))
-    counts = None if layout.counts is None else jnp.asarray(layout.counts, jnp.int64)
-    outs, norms = clip_jit(cfg, tuple(leaves), layout.segs, counts, threshold)
-  return list(outs), norms
+    padded, trim = buckets.pad_call(leaves, layout.segs, layout.counts, layout.num_systems,
+                                    layout.sorted_flags, threshold,
+                                    op == "norm" and math.isinf(p), precise)
+    cfg = Config(op, float(p), nonfinite == "zero", padded.num_systems, padded.sorted_flags,
+                 precise, dtypes, False, api_op, nonfinite)
+    outs, norms = clip_jit(cfg, padded.leaves, padded.segs, _device_counts(padded.counts),
+                           _device_threshold(padded.threshold))
+    return buckets.trim_outputs(outs, norms, trim, padded.on_host)
+
+
+def _device_threshold(threshold: Threshold) -> Threshold:
+  """The threshold's parts as the graph takes them (call under x64)."""
+  return Threshold(jnp.asarray(threshold.m, jnp.float64), jnp.asarray(threshold.e, jnp.int32),
+                   jnp.asarray(threshold.inf, bool))
+
+
+def _device_counts(counts):
+  return None if counts is None else jnp.asarray(counts, jnp.int64)
 
 
 def clip_by_global_norm(leaves: Sequence[Any], max_norm: Any, *, segments: Any = None,

@@ -144,3 +144,17 @@ def grouped(leaves, fmts, systems: Systems):
       flat = jnp.concatenate([flat, jnp.zeros(n_rows * width - n, flat.dtype)])
     out.append(flat.reshape(n_rows, width))
   return out, [FORMATS[k] for k in groups]
+
+
+def grouped_count(leaves) -> int:
+  """The one system's element count as :func:`grouped` lays the leaves out (each dtype's block
+  with its zero padding), which the wide route's grids and error bound have always used."""
+  sizes: dict[np.dtype, int] = {}
+  for x in leaves:
+    if x.size:
+      sizes[np.dtype(x.dtype)] = sizes.get(np.dtype(x.dtype), 0) + int(x.size)
+  count = 0
+  for n in sizes.values():
+    n_rows = min(GROUP_ROWS, n)
+    count += n_rows * -(-n // n_rows)
+  return count

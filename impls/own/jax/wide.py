@@ -16,7 +16,7 @@ from clipbench.impls.own.jax.formats import (FLOAT64, KEY_BIAS, FloatFormat, dec
                                              key_value, pow2, u64)
 from clipbench.impls.own.jax.pairwise import pairwise_dd_sum_last
 from clipbench.impls.own.jax.power_sums import extract, fold_grids, precise_terms, term_error
-from clipbench.impls.own.jax.systems import (Systems, SystemStats, counted_elements, grouped,
+from clipbench.impls.own.jax.systems import (Systems, SystemStats, element_counts, grouped,
                                              nonfinite_flags, rows, vectors)
 
 _FOLDS = 4
@@ -45,7 +45,7 @@ def _system_extreme_keys(leaves, fmts: list[FloatFormat], systems: Systems, zero
       best = jnp.maximum(best, systems.row_reduce(jnp.max(dec.key, axis=1), i, "max"))
     hn, hi = nonfinite_flags(dec.nan, dec.nonfinite, systems, i, 1)
     has_nan, has_inf = has_nan | hn, has_inf | hi
-  count = counted_elements(leaves, systems)
+  count = element_counts(leaves, systems)  # without segments: the unpadded count (.buckets)
   if want_min:
     best = jnp.where(count == 0, jnp.uint64(0), best)
     best = jnp.where(best == jnp.uint64(_NO_KEY), jnp.uint64(0), best)
