@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import pathlib
 
 import numpy as np
 import pytest
@@ -39,3 +40,15 @@ def page_before_guard():
   finally:
     libc.mprotect(guard, page, mmap.PROT_READ | mmap.PROT_WRITE)
     del values
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+  """This folder's tests marked ``slow`` run in the thorough profile only (``--profile
+  thorough``): the ci profile, what ``make test`` runs, stays within CI's time budget."""
+  if config.getoption("profile", default="ci") == "thorough":
+    return
+  skip = pytest.mark.skip(reason="slow: runs with --profile thorough")
+  here = pathlib.Path(__file__).parent
+  for item in items:
+    if item.get_closest_marker("slow") is not None and here in item.path.parents:
+      item.add_marker(skip)

@@ -109,3 +109,38 @@ def test_compiled_passes_keep_inductor_from_eliding_low_precision_casts(monkeypa
   compiled_passes.CompiledKernels()
   assert len(seen) >= 7
   assert all(options.get("emulate_precision_casts") is True for options in seen)
+
+
+def _cuda_route_cases(dtype, rng):
+  """A per-system batch and a global one whose largest leaf spans several passes' chunks."""
+  chunk = EagerKernels.CHUNK
+  per_system = ([torch.tensor(rng.standard_normal((30, 3))).to(dtype),
+                 torch.tensor(rng.standard_normal(17)).to(dtype)],
+                {"segments": [torch.tensor(rng.integers(0, 4, 30)),
+                              torch.tensor(np.sort(rng.integers(0, 4, 17)))], "num_systems": 4})
+  sizes = (3 * chunk + 5, 1, chunk, 40)
+  scales = (1e-3, 2.0, 1e-1, 7.0)
+  global_ = ([torch.tensor(rng.standard_normal(n) * s).to(dtype) for n, s in zip(sizes, scales)],
+             {})
+  return per_system, global_
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
+def test_cuda_route_certified_bits_equal_exact_oracle_bits(dtype, p):
+  # The CUDA route, run on CPU tensors through the accelerator's branches (what a GPU runs,
+  # cut the GPU's way), against the exact oracle on the same route: the same exact function,
+  # at thresholds equal to, just below and well below each system's norm.
+  from clipbench.impls.own.torch import branches
+  exact_only = TorchClipping(EagerKernels(), "exact oracle only", certified=False)
+  rng = np.random.default_rng(17)
+  for leaves, kwargs in _cuda_route_cases(dtype, rng):
+    with branches.accelerator_branches():
+      _, norms = eager.clip_by_global_norm(leaves, math.inf, norm_type=p, **kwargs)
+      norms = norms.double().numpy().reshape(-1)
+      for c in (norms, np.nextafter(norms, 0.0), norms * 0.5):
+        c = c if kwargs else float(c[0])
+        got, got_norms = eager.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+        want, want_norms = exact_only.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+        assert _bits(got_norms) == _bits(want_norms)
+        assert [_bits(x) for x in got] == [_bits(x) for x in want]

@@ -106,7 +106,8 @@ def apply_global(leaves: list[Leaf], plan: Plan, chunk: int,
                  ) -> list[torch.Tensor]:
   """Outputs of a one-system call: the same action on every leaf.
 
-  Small leaves are multiplied together by one ``_foreach_mul`` (many-small-leaves models).
+  Small leaves (on an accelerator, every leaf) are multiplied together by one
+  ``_foreach_mul`` per dtype: one launch for all of them.
   """
   whole_rtz = rtz  # a compiled kernel takes the whole leaf; the eager one goes by chunks
   s = float(plan.scale[0]) if plan.scale.size else 0.0
@@ -122,7 +123,7 @@ def apply_global(leaves: list[Leaf], plan: Plan, chunk: int,
       out[i] = x if leaf.owned else elementwise(x, lambda a, o: o.copy_(a), chunk)
     elif code == NAN_CODE:
       out[i] = elementwise(x, lambda a, o: o.fill_(math.nan), chunk)
-    elif code == RN_CODE and leaf.numel <= chunk:
+    elif code == RN_CODE and (leaf.numel <= chunk or not branches.on_host(x.device)):
       small.setdefault(x.dtype, []).append(i)
     elif code == RN_CODE:
       st = torch.tensor(s, dtype=x.dtype, device=x.device)

@@ -61,9 +61,13 @@ class EagerKernels:
   def _global_power_sum(self, batch: Batch, p: float, scale: float | None) -> tuple[float, int]:
     parts, roots = [], []  # chunk sums, and chunk norms (p-th roots of chunk sums)
     plain = scale is None and p in (1.0, 2.0)
-    small = [leaf.x for leaf in batch.leaves if 0 < leaf.numel <= self.CHUNK] if plain else []
+    # An accelerator reads every leaf in one foreach norm (one launch for all of them); the
+    # host reads large leaves by chunks, on the calling thread.
+    whole = plain and not branches.on_host(batch.device)
+    small = [leaf.x for leaf in batch.leaves
+             if 0 < leaf.numel and (whole or leaf.numel <= self.CHUNK)] if plain else []
     if small:
-      # Many small leaves: one float64 norm per leaf, in one C++ loop.
+      # One float64 norm per leaf, all in one operator.
       roots.append(torch.stack(torch._foreach_norm(small, p, dtype=torch.float64)))  # pylint: disable=protected-access
     buf = torch.empty(self.CHUNK, dtype=torch.float64, device=batch.device)
     pending, filled = [], 0
@@ -85,7 +89,7 @@ class EagerKernels:
       pending, filled = [], 0
 
     for leaf in batch.leaves:
-      if leaf.numel == 0 or (plain and leaf.numel <= self.CHUNK):
+      if leaf.numel == 0 or (plain and (whole or leaf.numel <= self.CHUNK)):
         continue
       flat = leaf.x.reshape(-1)
       n, i = flat.numel(), 0
@@ -105,7 +109,9 @@ class EagerKernels:
       return 0.0, 1
     if not all(math.isfinite(v) for v in values):
       return sum(values), 1
-    return math.fsum(values), self.CHUNK + 4
+    # Each value sums at most max(CHUNK, the largest leaf read whole) terms in float64 (a norm
+    # squared back adds two roundings), and fsum adds one: any tree of that depth, + 4.
+    return math.fsum(values), max([self.CHUNK, *(x.numel() for x in small)]) + 4
 
   def _row_power_sums(self, leaf: Leaf, p: float, scale: torch.Tensor | None,
                       buf: torch.Tensor) -> torch.Tensor:
