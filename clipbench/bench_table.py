@@ -48,7 +48,7 @@ def conformance_verdicts(path: str) -> dict[str, tuple[str, str]]:
   except results.ResultsError as e:
     note(f"conformance verdicts not shown: {e}")
     return {}
-  return {impl: tables.verdict(rows["outcome"], rows["severity"])
+  return {impl: tables.verdict(rows)
           for impl, rows in table.groupby("impl", sort=False)}
 
 

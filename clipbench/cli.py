@@ -9,13 +9,15 @@ Subcommands (one module each):
   is a listed deviation.
 * ``bench`` (:mod:`clipbench.bench_command`): the shared workloads under pytest-benchmark, then
   one table per workload with each timing's spread and conformance verdict.
-* ``report`` (:mod:`clipbench.report_command`): runs both (or reuses fresh results) and writes
-  ``reports/<stamp>/`` and ``reports/latest/``: index.html, REPORT.md and the raw tables.
+* ``report`` (:mod:`clipbench.report_command`): runs both and the safe-range scan (or reuses
+  fresh results) and writes ``reports/<stamp>/`` and ``reports/latest/``: index.html,
+  REPORT.md and the raw tables.
 
-Raw results go to ``results/`` (relative to the working directory): ``conformance.csv`` and
-``benchmarks.json``, each staged beside its final path and swapped in only once complete
-(:mod:`clipbench.outputs`); every output folder is checked for writability before any work
-starts. The pytest runs are children of this process (:mod:`clipbench.child_run`).
+Raw results go to ``results/`` (relative to the working directory): ``conformance.csv``,
+``safe_range.csv`` and ``benchmarks.json``, each staged beside its final path and swapped in
+only once complete (:mod:`clipbench.outputs`); every output folder is checked for writability
+before any work starts. The pytest runs (and the scan) are children of this process
+(:mod:`clipbench.child_run`).
 
 Exit status: 0 success; 1 a run failed (for ``conform``: pytest's own status, 1 = some case
 fails); 2 a usage error: unknown implementation or workload, an operation an implementation
@@ -124,8 +126,9 @@ def _add_report(sub: Any, formatter: Any) -> None:
       sub, formatter, "report", report_command, passthrough=False,
       impl_help="implementation to include",
       help="run conform and bench (or reuse results) and write the report",
-      description="Runs the conformance suite and the benchmarks (or reuses fresh results with "
-                  "--reuse), then writes DIR/<date>/ and DIR/latest/ (index.html, REPORT.md, "
+      description="Runs the conformance suite, the safe-range scan and the benchmarks (or "
+                  "reuses fresh results with --reuse), then writes DIR/<date>/ and DIR/latest/ "
+                  "(index.html, REPORT.md, "
                   "CSV tables). Exit status 0 once the report is written, even when an "
                   "implementation fails conformance (the report shows which); `clipbench "
                   "conform` is the CI gate.")

@@ -66,7 +66,7 @@ def pytest_command(impls: Sequence[str], suite: SuiteOptions, results_path: str,
   return cmd + ["--results", results_path, *extra]
 
 
-def _env_defaults() -> dict[str, str]:
+def env_defaults() -> dict[str, str]:
   """Without a GPU the Triton kernels can only run through Triton's interpreter, as in
   ``make test``; with one they run compiled on CUDA tensors."""
   from clipbench.benchmarks import timing
@@ -80,7 +80,7 @@ def run_conform(impls: Sequence[str], suite: SuiteOptions, results_path: str,
   with outputs.staged(results_path) as tmp:
     cmd = pytest_command(impls, suite, tmp, extra)
     rc = child_run.run_pytest(cmd, "conformance", outputs.log_path(results_path),
-                              env_defaults=_env_defaults(), shown_paths={tmp: results_path})
+                              env_defaults=env_defaults(), shown_paths={tmp: results_path})
     if rc not in (0, 1):
       note(f"conformance run did not complete (pytest exit status {rc}); "
            f"{results_path} left as it was")

@@ -17,6 +17,7 @@ from clipbench.errors import UsageError
 DEFAULT_RESULTS_DIR = "results"  # relative to the working directory
 CONFORMANCE_FILE = "conformance.csv"  # the results table of `conform`
 BENCHMARK_FILE = "benchmarks.json"  # the pytest-benchmark JSON of `bench`
+SAFE_RANGE_FILE = "safe_range.csv"  # the safe-range scan `report` runs after the suite
 
 
 def check_writable(folder: str, what: str) -> None:

@@ -15,7 +15,8 @@ import shlex
 import time
 from typing import Any, Sequence
 
-from clipbench import bench_command, conform_command, listing, loading, options, outputs
+from clipbench import (bench_command, conform_command, listing, loading, options, outputs,
+                       safe_range_run)
 from clipbench.errors import EXIT_FAILED, EXIT_OK, RunFailed, UsageError, note
 
 DEFAULT_REUSE_HOURS = 24.0
@@ -60,11 +61,13 @@ def report_command(args: argparse.Namespace) -> int:
   requested = loading.load_requested(args.impl, require_available=True)
   conf_path = os.path.join(args.results_dir, outputs.CONFORMANCE_FILE)
   bench_path = os.path.join(args.results_dir, outputs.BENCHMARK_FILE)
+  range_path = os.path.join(args.results_dir, outputs.SAFE_RANGE_FILE)
   facts = [("Command", "`" + shlex.join(["clipbench", *args.argv]) + "`")]
   reuse_conformance = _fresh(conf_path, args.reuse)
   reuse_bench = _fresh(bench_path, args.reuse)
+  reuse_ranges = _fresh(range_path, args.reuse)
   outputs.check_writable(args.out, "--out")
-  if not (reuse_conformance and reuse_bench):
+  if not (reuse_conformance and reuse_bench and reuse_ranges):
     outputs.check_writable(args.results_dir, "--results-dir")
 
   if reuse_conformance:
@@ -76,6 +79,16 @@ def report_command(args: argparse.Namespace) -> int:
   conformance = results.read_conformance(conf_path)
   _check_results_cover(requested, conformance, conf_path, reused=reuse_conformance)
   facts.append(("Conformance results", _file_fact(conf_path, f"{len(conformance)} cases")))
+
+  if reuse_ranges:
+    print(f"reusing {range_path} ({_age_hours(range_path):.1f} h old)")
+  else:
+    rc = safe_range_run.run_safe_range(args.impl, suite.profile, range_path,
+                                       conform_command.env_defaults())
+    if rc != 0:
+      raise RunFailed("safe-range scan", rc)
+  safe_range = results.read_safe_range(range_path)
+  facts.append(("Safe-range scan", _file_fact(range_path, f"{len(safe_range)} points")))
 
   if reuse_bench:
     print(f"reusing {bench_path} ({_age_hours(bench_path):.1f} h old)")
@@ -93,6 +106,7 @@ def report_command(args: argparse.Namespace) -> int:
   listed = requested if args.impl else loading.load_all()
   sources = build.Sources(conformance=conformance, conformance_path=conf_path, benchmarks=bench,
                           asv_history=history, implementations=listing.listing_frame(listed),
+                          safe_range=safe_range,
                           run_facts=tuple(facts))
   if args.impl:
     sources = build.only_impls(sources, [i.name for i in requested])

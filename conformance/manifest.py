@@ -6,9 +6,10 @@ expected failure unless it says ``strict = false``: a listed case that fails is 
 ``deviation``; one that passes is an ``unexpected-pass`` error, so a manifest stays true when
 a library fixes something. Entries are data, never ``if library == ...`` in tests.
 
-An entry's ``severity`` is one of :data:`clipbench.schema.SEVERITIES`, so a reader sees which
-deviations can silently corrupt an update and which are rounding. What an implementation did
-is not kept here: the results table records it on every run.
+An entry's ``severity`` is one of :data:`clipbench.schema.SEVERITIES`: the class a person gave
+it. The report derives each case's class from what the case showed (the results table records
+it on every run; ``clipbench.schema.case_severity``) and falls back on the entry's only where
+that data cannot tell.
 """
 
 from __future__ import annotations

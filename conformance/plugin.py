@@ -225,18 +225,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def check(request: pytest.FixtureRequest):
   """Runs a rule check; on failure, appends a standalone reproducer to the message."""
+  from clipbench.conformance import measure  # pylint: disable=import-outside-toplevel
   from clipbench.conformance import reproducer  # pylint: disable=import-outside-toplevel
   from clipbench.conformance.rules import Finding  # pylint: disable=import-outside-toplevel
   from clipbench.conformance.running import CallTimeout  # pylint: disable=import-outside-toplevel
 
-  def run(target: Target, fn, inputs=None):
+  def run(target: Target, fn, inputs=None, *, invalid: bool = False):
+    """``invalid``: ``inputs`` are spoiled on purpose (a bad-input test)."""
+    props = request.node.user_properties
+    if inputs is not None:
+      props.extend(measure.input_facts(target.op, inputs, invalid=invalid).items())
     try:
       finding = fn()
     except AssertionError as e:
       # Only rule violations (and errors the implementation raised, re-raised as assertions
       # by Outcome) are findings; any other exception is a bug of the suite and propagates.
+      props.extend(getattr(e, "measured", {}).items())
       message = str(e)
-      props = request.node.user_properties
       props.append(("observed", message.splitlines()[0][:300] if message else ""))
       if isinstance(e, CallTimeout) or "no result within --timeout" in message:
         props.append(("timed_out", True))
@@ -250,9 +255,9 @@ def check(request: pytest.FixtureRequest):
         message += "\n\nReproducer:\n" + text
       raise AssertionError(message) from None
     if isinstance(finding, Finding):
-      request.node.user_properties.extend([
+      props.extend([
           ("max_ulp_error", finding.max_ulp_error), ("norm_ulp_error", finding.norm_ulp_error),
-          ("observed", finding.observed)])
+          ("observed", finding.observed), *finding.measured.items()])
     return finding
 
   return run
@@ -309,9 +314,19 @@ def _record(item: pytest.Item, call: pytest.CallInfo, rep: pytest.TestReport,
       severity=target.deviation.severity if target.deviation and kind in (
           "deviation", "unexpected-pass") else "",
       max_ulp_error=_num(props.get("max_ulp_error")),
-      norm_ulp_error=_num(props.get("norm_ulp_error")), observed=observed, reason=reason,
+      norm_ulp_error=_num(props.get("norm_ulp_error")),
+      input_class=props.get("input_class", ""), result=props.get("result", ""),
+      input_min_abs=_exact(props.get("input_min_abs")),
+      input_max_abs=_exact(props.get("input_max_abs")), norm_min=_exact(props.get("norm_min")),
+      norm_max=_exact(props.get("norm_max")), rel_error=_exact(props.get("rel_error")),
+      observed=observed, reason=reason,
       reproducer=props.get("reproducer", ""), test_id=item.nodeid,
       duration_s=f"{rep.duration:.3f}"))
+
+
+def _exact(v) -> str:
+  """Every digit: an extent rounded to 3 digits could cross the everyday range's ends."""
+  return "" if v is None else repr(float(v))
 
 
 def _num(v) -> str:

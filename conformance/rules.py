@@ -9,6 +9,7 @@ runs them on deliberately broken implementations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from fractions import Fraction
 from typing import Callable
@@ -16,8 +17,9 @@ from typing import Callable
 import numpy as np
 
 from clipbench import reference
+from clipbench.conformance import measure
 from clipbench.conformance.cases import Case, Inputs
-from clipbench.conformance.running import SESSION, Outcome
+from clipbench.conformance.running import SESSION, CallTimeout, Outcome
 from clipbench.impls.registry import Implementation
 from clipbench.reference.formats import FORMATS, format_of, ulp
 from clipbench.reference.norms import ExactNorm
@@ -32,6 +34,8 @@ class Finding:
   max_ulp_error: float = math.nan  # outputs against the reference, in leaf-dtype ulps
   norm_ulp_error: float = math.nan  # reported norms against the exact norms
   observed: str = "conforms"
+  # measure.call_facts of the call: whether it returned, and its relative error.
+  measured: dict = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -452,7 +456,38 @@ def verify_rule10(impl, op, case) -> Finding:
                                         check_norms])
 
 
+def measured(verify: Callable[[Implementation, str, Case], Finding]):
+  """``verify`` with the call's :func:`measure.call_facts` on its Finding, or on the
+  AssertionError it raises (attribute ``measured``), so a failing case records how far off
+  it was as well as a passing one."""
+
+  @functools.wraps(verify)
+  def run(impl: Implementation, op: str, case: Case) -> Finding:
+    try:
+      finding = verify(impl, op, case)
+    except CallTimeout:
+      raise
+    except AssertionError as e:
+      e.measured = _call_facts(impl, op, case)
+      raise
+    finding.measured = _call_facts(impl, op, case)
+    return finding
+
+  return run
+
+
+def _call_facts(impl: Implementation, op: str, case: Case) -> dict:
+  out = SESSION.result(impl, case, op)
+  try:
+    ref = SESSION.reference(case, op) if out.error is None else None
+  except (ValueError, TypeError):
+    ref = None  # an argument the reference refuses: there is nothing to measure against
+  return measure.call_facts(op, SESSION.inputs(case, op), out, ref,
+                            impl.capabilities.returns_norm)
+
+
 VERIFY: dict[int, Callable[[Implementation, str, Case], Finding]] = {
-    1: verify_rule1, 2: verify_rule2, 3: verify_rule3, 4: verify_rule4, 5: verify_rule5,
-    6: verify_rule6, 7: verify_rule7, 8: verify_rule8, 9: verify_rule9, 10: verify_rule10,
-}
+    rule: measured(verify) for rule, verify in (
+        (1, verify_rule1), (2, verify_rule2), (3, verify_rule3), (4, verify_rule4),
+        (5, verify_rule5), (6, verify_rule6), (7, verify_rule7), (8, verify_rule8),
+        (9, verify_rule9), (10, verify_rule10))}

@@ -140,7 +140,7 @@ def verify_rejected(impl, op, bad: BadInput) -> Inputs:
 def _run(target, check):
   bad = target.payload
   check(target, lambda: verify_rejected(target.impl, target.op, bad),
-        bad.spoil(_valid(target.op), target.op))
+        bad.spoil(_valid(target.op), target.op), invalid=True)
 
 
 @pytest.mark.conformance(rule=6, cases=bad_inputs(6))

@@ -16,7 +16,7 @@ import hashlib
 import math
 import os
 import shutil
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
@@ -25,15 +25,17 @@ from clipbench.protocol import RULES
 from clipbench.reports import machine, plots, render, results, tables
 from clipbench.reports.render import (Cell, Details, Facts, Heading, Image, Notes, Table,
                                       Text)
-from clipbench.schema import CONFORMANCE_COLUMNS, SEVERITIES
+from clipbench.schema import (CONFORMANCE_COLUMNS, EVERYDAY_RANGE, MATERIAL_TOLERANCE,
+                              SEVERITIES)
 
 LATEST = "latest"
 STAMP_FORMAT = "%Y-%m-%d_%H%M%S"
 
-# Tables written gzip-compressed: the results table has a row per case, megabytes as CSV, and
-# every committed report file must stay under GitHub's 500 KB diff limit.
+# Tables written gzip-compressed: the results table has a row per case and the safe-range scan a
+# row per point, megabytes as CSV, and every committed report file must stay under GitHub's
+# 500 KB diff limit.
 # ``pandas.read_csv`` and ``results.read_conformance`` read the ``.gz`` directly.
-COMPRESSED_TABLES: frozenset[str] = frozenset({"conformance"})
+COMPRESSED_TABLES: frozenset[str] = frozenset({"conformance", "safe_range"})
 # Left out of the report's copy of the results table: a reproducer per case holds its input
 # inline (tens of kilobytes for the large cases). The catalogue keeps one per entry; every
 # case's own is in the results table the report was built from.
@@ -49,6 +51,7 @@ class Sources:
     conformance_path: where it was read from (shown in the report).
     benchmarks: the pytest-benchmark run (``results.read_benchmarks``).
     asv_history: ``results.read_asv_history`` (empty when there is no asv results folder).
+    safe_range: the safe-range scan (``results.read_safe_range``), or None.
     implementations: one row per registered implementation (name, kind, available, reason,
       version, framework, ops, capabilities), or None to leave that section out.
     run_facts: (label, value) pairs about how the results were produced.
@@ -60,6 +63,7 @@ class Sources:
   asv_history: pd.DataFrame = dataclasses.field(
       default_factory=lambda: pd.DataFrame(columns=list(results.ASV_HISTORY_COLUMNS)))
   implementations: pd.DataFrame | None = None
+  safe_range: pd.DataFrame | None = None
   run_facts: tuple[tuple[str, str], ...] = ()
 
 
@@ -86,8 +90,11 @@ def only_impls(sources: Sources, names: Iterable[str]) -> Sources:
   listing = sources.implementations
   if listing is not None:
     listing = listing[listing["name"].isin(keep)].reset_index(drop=True)
+  scan = sources.safe_range
+  if scan is not None:
+    scan = scan[scan["impl"].isin(keep)].reset_index(drop=True)
   return dataclasses.replace(sources, conformance=conformance, benchmarks=bench,
-                             asv_history=history, implementations=listing)
+                             asv_history=history, implementations=listing, safe_range=scan)
 
 
 def workload_family(name: str) -> str:
@@ -217,35 +224,70 @@ def sharding_cell(record: Any) -> Cell:
               title="sharded against the same call on unsharded leaves (SPEC rule 14)")
 
 
-def _count_cell(cases: int, entries: int, cls: str) -> Cell:
+def _count_cell(everyday: int, edge: int, entries: int, cls: str) -> Cell:
+  """``everyday / edge (entries)``: cases on everyday inputs, at the range's edge."""
+  cases = everyday + edge
   if not cases:
     return Cell("0", css="num zero")
-  return Cell(f"{cases} ({entries})", css=f"num sev-{_slug(cls)}",
-              title=f"{cases} case{'s' if cases > 1 else ''} from {entries} "
-                    f"entr{'ies' if entries > 1 else 'y'}")
+  css = f"num sev-{_slug(cls)}" if everyday or cls in (tables.UNLISTED, tables.STALE) else "num"
+  return Cell(f"{everyday} / {edge} ({entries})", css=css,
+              title=f"{everyday} case{'s' if everyday != 1 else ''} on everyday inputs, {edge} "
+                    f"at the range's edge, from {entries} entr{'ies' if entries > 1 else 'y'}")
 
 
 def _severity_section(severity: pd.DataFrame) -> list[render.Block]:
   shown = [c for c in tables.SEVERITY_CLASSES
            if c in (*SEVERITIES, tables.UNLISTED) or severity[c].sum()]
   descriptions = tables.CLASS_DESCRIPTIONS
-  rows = tuple((r["impl"], *(_count_cell(int(r[c]), int(r[f"{c} entries"]), c) for c in shown))
+  rows = tuple((r["impl"], *(_count_cell(int(r[f"{c} everyday"]), int(r[f"{c} edge"]),
+                                         int(r[f"{c} entries"]), c) for c in shown))
                for _, r in severity.iterrows())
+  low, high = EVERYDAY_RANGE
   return [
       Heading("Which library can corrupt an update", 3, "severity"),
-      Text("Cases (and the manifest entries behind them) of each class of departure from "
-           "SPEC.md, most harmful first: a silent wrong value is a finite, valid input "
-           "whose output or norm is wrong beyond rounding with no error raised. Unlisted "
-           "failures are departures nobody has classified yet."),
+      Text("Cases of each class of departure from SPEC.md, most harmful first, each cell "
+           "`everyday / range edge (entries)`. A case is *everyday* when its inputs are finite "
+           f"and every nonzero |x| and every nonzero exact norm lies in [2**{math.log2(low):.0f}, "
+           f"2**{math.log2(high):.0f}] (float16's normal range, whatever the dtype), else "
+           "it is at the *range edge*. A case's class is derived from what it showed: an error "
+           f"beyond {MATERIAL_TEXT} relative (or zeros, NaN, a flipped sign) is a silent "
+           "wrong value, beyond rounding but within it is precision; a spoiled argument "
+           "accepted is invalid input accepted, a raise on a valid input is valid input "
+           "rejected, an input holding NaN or infinity is non-finite policy; the manifest's "
+           "class stands only where the case data cannot tell (bits that differ alone and "
+           "batched, a modified input). Unlisted failures are departures nobody has "
+           "classified yet."),
       Table(("implementation", *(Cell(c, title=descriptions[c]) for c in shown)), rows,
             css="severity"),
       Facts(tuple((c, descriptions[c]) for c in shown)),
   ]
 
 
+def speed_cell(ratio: float, count: float) -> Cell:
+  if not count or count != count:
+    return Cell("–", css="num", title="ran no workload of this group")
+  return Cell(f"{fmt_number(ratio)} ({int(count)})", css="num",
+              title=f"geometric mean over the {int(count)} workload(s) it ran")
+
+
+def speed_columns(summary: pd.DataFrame, sets: dict[str, list[tables.BenchKey]]
+                  ) -> tuple[list[str], list[str]]:
+  """The groups shown (each as ``ratio (count)``) and the per-workload columns of groups
+  whose implementations share no workload."""
+  groups = [g for g in sets if f"roofline {g}" in summary.columns and
+            summary[f"{g} workloads"].fillna(0).any()]
+  workloads = [c.removeprefix("roofline ") for c in summary.columns
+               if c.startswith("roofline ") and c.removeprefix("roofline ") not in sets
+               and summary[c].notna().any()]
+  return groups, workloads
+
+
 def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
-                     sets: dict[str, list[tables.BenchKey]]) -> list[render.Block]:
-  groups = [g for g in sets if f"roofline {g}" in summary.columns]
+                     sets: dict[str, list[tables.BenchKey]],
+                     sentences: Sequence[render.Block] = (),
+                     ranges: Sequence[render.Block] = ()) -> list[render.Block]:
+  groups, workloads = speed_columns(summary, sets)
+  timed = "time vs fastest" in summary.columns
   rows = []
   for _, r in summary.iterrows():
     mixed = r["max_ulp_error_mixed"]
@@ -257,30 +299,168 @@ def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
         Cell(str(r["pass"]), css="num"), Cell(str(r["deviation"]), css="num"),
         Cell(str(r["fail"]), css="num"), Cell(str(r["not_applicable"]), css="num"),
         Cell(fmt_ulp(r["max_ulp_error"]), css="num"), Cell(mixed_text, css="num"),
-        sharding_cell(r), *(Cell(fmt_number(r[f"roofline {g}"]), css="num") for g in groups)))
+        sharding_cell(r),
+        *((Cell(fmt_number(r["time vs fastest"], 3, "×"), css="num"),) if timed else ()),
+        *(speed_cell(r[f"roofline {g}"], r[f"{g} workloads"]) for g in groups),
+        *(Cell(fmt_number(r[f"roofline {w}"]), css="num") for w in workloads)))
   group_headers = tuple(
-      Cell(f"roofline ratio, {g} (geomean, lower is better)",
-           title=f"over {tables.describe_keys(sets[g]) or 'no workload every implementation ran'}")
+      Cell(f"roofline ratio, {g} (geomean over the workloads run; count)",
+           title=f"common to all: {tables.describe_keys(sets[g]) or 'none'}")
       for g in groups)
-  over = "; ".join(f"{g}: {tables.describe_keys(sets[g]) or 'none in common'}" for g in groups)
-  blocks: list[render.Block] = [Heading("Summary", 2, "summary")]
+  disjoint = [g for g in groups if not sets[g]]
+  blocks: list[render.Block] = [Heading("Summary", 2, "summary"), *sentences]
   if severity is not None and len(severity):
     blocks += _severity_section(severity)
+  blocks += ranges
   return blocks + [
       Heading("Verdict, accuracy and speed", 3, "verdicts"),
-      Text("Which implementation to trust: the verdict names the worst class of what each "
-           "implementation did (unlisted failures first, then its most harmful listed "
-           "deviation); the table above counts every class. Which is fastest: the "
-           "geometric mean of the roofline ratio (1 is the memory bound; lower is better) per "
-           "group of workloads, over only the workloads every implementation of that group "
-           "ran, so two figures in one column compare the same work"
-           + (f" ({over})." if over else ".")),
+      Text("Which implementation to trust: the verdict names unlisted failures first, then "
+           "the worst class on everyday inputs, then the worst at the range's edge; the table "
+           "above counts every class. Which is fastest: `time vs fastest` is the geometric "
+           "mean, over every workload, dtype and device it ran, of its median time over the "
+           "fastest median there (1: the fastest; lower is better); per group of workloads, "
+           "the geometric mean of the roofline ratio (1 is the memory bound; lower is better) "
+           "over the workloads it ran, with their count: figures over different counts cover "
+           "different work"
+           + (f"; the {', '.join(disjoint)} group{'s' if len(disjoint) > 1 else ''} share no "
+              "workload, so each of its workloads has a column of its own (float32, CPU)."
+              if disjoint and workloads else ".")),
       Table(("implementation", "kind", "version", "verdict", "pass", "deviation", "fail",
              "n/a", "max ulp error (one dtype)", "max ulp error (mixed dtypes)",
              Cell("sharding", title="SPEC rule 14: sharded leaves against the same call on "
                                     "unsharded leaves, bit for bit"),
-             *group_headers), tuple(rows)),
+             *((Cell("time vs fastest (geomean, lower is better)"),) if timed else ()),
+             *group_headers,
+             *(Cell(f"roofline ratio, {w}") for w in workloads)), tuple(rows)),
   ]
+
+
+MATERIAL_TEXT = f"{MATERIAL_TOLERANCE:.0e}".replace("e-0", "e-")  # 1e-3
+
+# The dtypes users train in: the sentences give the safe range in these.
+TRAINING_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+
+
+def fmt_norm(log2_norm: float) -> str:
+  """2**log2_norm, in two significant digits: ``6.1e-05``, ``0.25``, ``1.3e+02``."""
+  value = 2.0 ** log2_norm
+  return f"{value:.2g}"
+
+
+def range_text(low: float, high: float, whole_low: bool, whole_high: bool, below: str = "",
+               above: str = "") -> str:
+  """A conforming range (log2 ends; NaN: none) and, where given, what breaks beyond each end;
+  ``the whole range`` when it reaches both ends of the scan."""
+  if low != low:
+    return "nowhere" + (f" ({below})" if below else "")
+  if whole_low and whole_high:
+    return "the whole range"
+  core = (f"up to {fmt_norm(high)}" if whole_low else f"from {fmt_norm(low)}" if whole_high
+          else f"{fmt_norm(low)} – {fmt_norm(high)}")
+  breaks = ([f"below: {below}"] if below and not whole_low else []) + (
+      [f"above: {above}"] if above and not whole_high else [])
+  return core + (f" ({'; '.join(breaks)})" if breaks else "")
+
+
+def _variant(r: Any) -> str:
+  return "max-step" if r["op"] == "clip_by_max_step" else f"p={r['norm_type']}"
+
+
+def safe_range_cell(r: Any) -> Cell:
+  text = range_text(r["low_log2"], r["high_log2"], bool(r["whole_low"]), bool(r["whole_high"]),
+                    r["below"], r["above"])
+  rounding = (r["rounding_low_log2"], r["rounding_high_log2"])
+  if rounding != (r["low_log2"], r["high_log2"]) and not (
+      rounding[0] != rounding[0] and r["low_log2"] != r["low_log2"]):
+    inner = ("nowhere" if rounding[0] != rounding[0] else
+             f"{fmt_norm(rounding[0])} – {fmt_norm(rounding[1])}")
+    text += f"; within rounding: {inner}"
+  whole = bool(r["whole_low"]) and bool(r["whole_high"])
+  if r["variants"] > 1 and not whole:
+    text = f"{_variant(r)}: {text}"
+  return Cell(text, css="st-pass" if whole else ("st-fail" if r["low_log2"] != r["low_log2"]
+                                                 else "st-deviation"),
+              title=f"{r['op']}, {_variant(r)}: the narrowest of its {r['variants']} "
+                    f"operation and p combination(s)")
+
+
+def _safe_range_section(narrow: pd.DataFrame) -> list[render.Block]:
+  dtypes = sorted(narrow["dtype"].unique(), key=tables.dtype_sort_key)
+  cells = {(r["impl"], r["dtype"]): safe_range_cell(r) for _, r in narrow.iterrows()}
+  rows = tuple((impl, *(cells.get((impl, d), Cell("–", css="st-na",
+                                                   title="dtype not supported or not scanned"))
+                        for d in dtypes)) for impl in dict.fromkeys(narrow["impl"]))
+  return [
+      Heading("Safe ranges", 3, "safe-ranges"),
+      Text("Over which system norms each implementation conforms on ordinary input: a "
+           "fixed-seed random input (72 elements) scaled to an exact norm of 2**e for every "
+           "e from subnormal elements to elements that would overflow the dtype, clipped at "
+           "half its norm. Each cell is the longest run of norms where the result is within "
+           f"{MATERIAL_TEXT} relative (no zeros, NaN, sign flips or overflowed norm), "
+           "what fails just beyond each end, and, where narrower, the run within rounding "
+           "(SPEC rules 4 and 5 to the ulp); the narrowest of its operations and p (1, 2, 3, "
+           "inf) that was scanned is shown (a dtype or p is missing when not supported, or "
+           "when the scan's time budget for the implementation ran out first). A scan, not a "
+           "bisection: nothing assumes pass and fail are monotone. Every point is a row of "
+           "`safe_range.csv.gz`, every range of `safe_ranges.csv`."),
+      Table(("implementation", *dtypes), rows, css="ranges"),
+  ]
+
+
+def _finding_link(catalogue: pd.DataFrame | None, files_of: dict[int, str], impl: str
+                  ) -> str:
+  """The implementation's worst everyday catalogue entry, linked to its reproducer."""
+  if catalogue is None or catalogue.empty:
+    return ""
+  mine = catalogue[(catalogue["impl"] == impl) &
+                   ~catalogue["everyday_class"].isin(("", tables.STALE))]
+  if mine.empty:
+    return ""
+  rank = mine["everyday_class"].map(tables.CLASS_RANK)
+  i = rank.sort_values(kind="stable").index[0]
+  r = mine.loc[i]
+  what = f"{r['op']} {rule_label(r['rule'])}: {_shortened(str(r['reason']), 90)}"
+  return f"[{what}]({files_of[i]})" if i in files_of else what
+
+
+def _shortened(text: str, limit: int) -> str:
+  return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _verdict_sentences(summary: pd.DataFrame, narrow: pd.DataFrame | None,
+                       catalogue: pd.DataFrame | None, files_of: dict[int, str]
+                       ) -> list[render.Block]:
+  """One sentence per implementation: everyday verdict, safe range in the training dtypes,
+  speed against the fastest, worst everyday finding."""
+  ranges = {} if narrow is None else {(r["impl"], r["dtype"]): r for _, r in narrow.iterrows()}
+  lines = []
+  for _, r in summary.iterrows():
+    if r["verdict"] == "not checked" or r["worst"] == tables.UNLISTED:
+      parts = [r["verdict"]]
+    else:
+      everyday = tables.SEVERITY_VERDICTS[r["everyday"]] if r["everyday"] else "conforms"
+      edge = f" (range edge: {tables.SEVERITY_VERDICTS[r['edge']]})" if r["edge"] else ""
+      parts = [f"everyday inputs: {everyday}{edge}"]
+    safe = [f"{d} {range_text(x['low_log2'], x['high_log2'], x['whole_low'], x['whole_high'])}"
+            for d, x in ((d, ranges.get((r["impl"], d))) for d in TRAINING_DTYPES)
+            if x is not None]
+    if safe:
+      parts.append(f"within {MATERIAL_TEXT} for norms in " + ", ".join(safe))
+    speed = r.get("time vs fastest", math.nan)
+    if speed == speed:
+      parts.append("the fastest" if speed <= 1.0005 else f"{speed:.3g}× the fastest time")
+    finding = _finding_link(catalogue, files_of, r["impl"])
+    if finding:
+      parts.append(f"worst everyday finding: {finding}")
+    lines.append(f"**{r['impl']}**: " + "; ".join(parts) + ".")
+  return [Heading("In one sentence each", 3, "sentences"),
+          Text("Per implementation: its verdict on everyday inputs (finite, |x| and norms in "
+               f"[2**{math.log2(EVERYDAY_RANGE[0]):.0f}, 2**{math.log2(EVERYDAY_RANGE[1]):.0f}]) "
+               "and at the range's edge, the norms over which it stays within "
+               f"{MATERIAL_TEXT} in the dtypes users train in (see Safe ranges), its time "
+               "against the fastest (geometric mean over the workloads it ran) and its worst "
+               "everyday finding, linked to a standalone reproducer."),
+          *(Text(line) for line in lines)]
 
 
 def rule_titles() -> dict[str, str]:
@@ -448,6 +628,7 @@ _CLASS_TITLES = {
     "invalid-input-accepted": "Invalid input accepted",
     "valid-input-rejected": "Valid input rejected or crash",
     "non-finite-policy": "Non-finite policy",
+    "precision": "Precision",
     "rounding-level": "Rounding-level",
     tables.UNCLASSIFIED: "Unclassified deviations",
     tables.STALE: "Stale manifest entries (listed, but passed)",
@@ -497,12 +678,15 @@ def _divergence_section(catalogue: pd.DataFrame, results_path: str,
       Heading("Divergence catalogue", 2, "divergences"),
       Text("Every failure and every listed deviation seen in this run, one entry per manifest "
            "entry (implementation, op, rule, reason, severity) or, for failures nobody listed, "
-           "per implementation, op and rule; most harmful class first. Each entry gives its "
+           "per implementation, op and rule; most harmful class first. An entry's class is "
+           "the worst its cases showed (see the severity table); its reproducer shows it on "
+           "everyday inputs where it shows there. Each entry gives its "
            "case count and one standalone reproducer, on its implementation's page in "
            "`reproducers/` beside this report (the inputs inline, the call as the library's users write it, then an "
            "assertion against the exact reference that fails while the deviation stands; it "
            "runs wherever clipbench is installed), ready for the library's issue tracker. "
-           "`divergences.csv` is this catalogue as a table; every case is a row of "
+           "`divergences.csv` is this catalogue as a table, with each entry's case names; "
+           "every case is a row of "
            "`conformance.csv.gz` beside this report (the results table, gzip-compressed to "
            "stay within GitHub's file limits: `pandas.read_csv` and `zcat` read it directly), "
            "without its reproducer. Each case's own reproducer is in the results table this "
@@ -521,14 +705,15 @@ def _divergence_section(catalogue: pd.DataFrame, results_path: str,
       label = " · ".join(str(x) for x in (r["impl"], r["op"], rule_label(r["rule"])) if x)
       reason = str(r["reason"])
       shown = SUMMARY_REASON_CHARS
+      everyday = (f", {r['everyday_cases']} everyday" if r["everyday_cases"] else
+                  ", range edge only")
       summary = (f"{reason[:shown]}{'…' if len(reason) > shown else ''} "
-                 f"({r['cases']} case{'s' if r['cases'] > 1 else ''})")
+                 f"({r['cases']} case{'s' if r['cases'] > 1 else ''}{everyday})")
       ulps = ("" if math.isnan(r["max_ulp_error"]) and math.isnan(r["norm_ulp_error"])
               else f"{fmt_ulp(r['max_ulp_error'])} / {fmt_ulp(r['norm_ulp_error'])}")
       facts = [(k, str(v)) for k, v in (
           # The reason is repeated only when the summary line cut it, or it is the observation.
           ("reason", reason if len(reason) > shown and reason != r["observed"] else ""),
-          ("cases", r["case_names"]),
           ("dtypes", r["dtypes"]), ("observed", r["observed"]),
           ("max ulp error (output / norm)", ulps))
                if v]
@@ -604,19 +789,28 @@ def build(sources: Sources, *, generated: datetime.datetime,
 
   summary = tables.implementation_summary(conformance, performance, group_of)
   severity = tables.severity_table(conformance) if len(conformance) else None
+  ranges = narrow = None
+  if sources.safe_range is not None and len(sources.safe_range):
+    ranges = tables.safe_ranges(sources.safe_range)
+    narrow = tables.narrowest_ranges(ranges)
+    out.update(safe_range=sources.safe_range, safe_ranges=ranges)
+  catalogue, files_of = None, {}
+  if len(conformance):
+    catalogue = tables.divergence_catalogue(conformance)
+    files_of = reproducer_files(catalogue)
   if len(summary):
-    blocks += _summary_section(summary, severity, tables.comparison_sets(performance, group_of))
+    blocks += _summary_section(summary, severity, tables.comparison_sets(performance, group_of),
+                               _verdict_sentences(summary, narrow, catalogue, files_of),
+                               _safe_range_section(narrow) if narrow is not None else [])
     out["summary"] = summary
   if severity is not None:
     out["severity"] = severity
-  catalogue, files_of, reproducers = None, {}, {}
+  reproducers = {}
   if len(conformance):
     matrix = tables.conformance_matrix(conformance)
     accuracy = tables.accuracy_table(conformance)
-    catalogue = tables.divergence_catalogue(conformance)
     blocks += _matrix_section(conformance, matrix)
     blocks += _accuracy_section(accuracy)
-    files_of = reproducer_files(catalogue)
     # The file names its case: the test id of the results table's row it was taken from.
     reproducers = reproducer_pages(catalogue, files_of)
     out.update(conformance=conformance.drop(columns=list(PER_CASE_ONLY_COLUMNS)),

@@ -25,7 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from clipbench.schema import BENCHMARK_COLUMNS, CONFORMANCE_COLUMNS, OUTCOMES, SEVERITIES
+from clipbench.schema import (BENCHMARK_COLUMNS, CONFORMANCE_COLUMNS, INPUT_CLASSES, OUTCOMES,
+                              RESULTS, SAFE_RANGE_CHECKS, SAFE_RANGE_COLUMNS, SEVERITIES)
 
 
 class ResultsError(Exception):
@@ -35,7 +36,8 @@ class ResultsError(Exception):
 # Without these a row cannot be placed in the matrix; the other columns may be absent (an older
 # or an outside writer) and are then read as empty.
 _ESSENTIAL_CONFORMANCE = ("impl", "rule", "outcome")
-_NUMERIC_CONFORMANCE = ("max_ulp_error", "norm_ulp_error", "duration_s")
+_NUMERIC_CONFORMANCE = ("max_ulp_error", "norm_ulp_error", "input_min_abs", "input_max_abs",
+                        "norm_min", "norm_max", "rel_error", "duration_s")
 
 
 def _missing(path: str, what: str, hint: str) -> ResultsError:
@@ -70,7 +72,8 @@ def read_conformance(path: str | os.PathLike[str]) -> pd.DataFrame:
   for column in CONFORMANCE_COLUMNS:
     if column not in frame.columns:
       frame[column] = ""
-  for column, allowed in (("outcome", OUTCOMES), ("severity", ("", *SEVERITIES))):
+  for column, allowed in (("outcome", OUTCOMES), ("severity", ("", *SEVERITIES)),
+                          ("input_class", ("", *INPUT_CLASSES)), ("result", ("", *RESULTS))):
     bad = ~frame[column].isin(allowed)
     if bad.any():
       row = int(bad.to_numpy().nonzero()[0][0])
@@ -80,6 +83,37 @@ def read_conformance(path: str | os.PathLike[str]) -> pd.DataFrame:
   for column in _NUMERIC_CONFORMANCE:
     frame[column] = _numeric_column(frame[column], path, column)
   return frame[list(CONFORMANCE_COLUMNS)]
+
+
+def read_safe_range(path: str | os.PathLike[str]) -> pd.DataFrame:
+  """The safe-range scan table (``SAFE_RANGE_COLUMNS``), validated; numbers as floats.
+
+  Raises:
+    ResultsError: the file is missing, not a CSV, lacks a column, or holds an unknown verdict
+      or check, or a non-numeric norm or error (the message gives the row).
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise _missing(path, "safe-range scan", "run `python -m clipbench.conformance.safe_range`")
+  try:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+  except pd.errors.EmptyDataError:
+    raise ResultsError(f"{path}: empty file, not a safe-range table") from None
+  except (OSError, UnicodeDecodeError, pd.errors.ParserError) as e:
+    raise ResultsError(f"{path}: not a readable CSV file: {e}") from None
+  missing = [c for c in SAFE_RANGE_COLUMNS if c not in frame.columns]
+  if missing:
+    raise ResultsError(f"{path}: not a safe-range table: missing column(s) {', '.join(missing)}")
+  for column, allowed in (("rounding", ("pass", "fail")), ("material", ("pass", "fail")),
+                          ("check", ("", *SAFE_RANGE_CHECKS))):
+    bad = ~frame[column].isin(allowed)
+    if bad.any():
+      row = int(bad.to_numpy().nonzero()[0][0])
+      raise ResultsError(f"{path}: line {row + 2}: unknown {column} {frame[column].iloc[row]!r}; "
+                         f"expected one of {', '.join(a for a in allowed if a)}")
+  for column in ("log2_norm", "threshold", "rel_error"):
+    frame[column] = _numeric_column(frame[column], path, column)
+  return frame[list(SAFE_RANGE_COLUMNS)]
 
 
 def _numeric_column(text: pd.Series, path: str, column: str) -> pd.Series:

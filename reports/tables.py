@@ -8,13 +8,18 @@
 * Accuracy: the largest ulp error per implementation x op x dtype, of the output elements and
   of the reported norms.
 * Severity: per implementation, the cases (and distinct entries) of each deviation class of
-  ``clipbench.schema.SEVERITIES``, most harmful first, beside the unlisted failures, so a reader
-  sees at once which library can silently corrupt an update.
-* Summary: per implementation, outcome counts, a verdict naming its worst class, the worst ulp
-  error (mixed-dtype calls apart: rule 4 allows them far more) and, per comparison group of
-  workloads, the geometric mean of its roofline ratios over the workloads every implementation
-  of that group ran (the performance table itself is ``clipbench.benchmarks.roofline.summarize``,
-  the one definition shared with ``clipbench bench``).
+  ``clipbench.schema.SEVERITIES``, most harmful first, split into everyday inputs and the
+  range's edge (``clipbench.schema.is_everyday``), beside the unlisted failures, so a reader
+  sees at once which library can silently corrupt an update in ordinary training. Each case's
+  class is derived from its data (``clipbench.schema.case_severity``), not the manifest's.
+* Summary: per implementation, outcome counts, a verdict naming its worst everyday class and
+  its worst at the edge, the worst ulp error (mixed-dtype calls apart: rule 4 allows them far
+  more) and its speed: its time over the fastest, and per comparison group of workloads the
+  geometric mean of its roofline ratios over the workloads of that group it ran, with their
+  count (the performance table itself is ``clipbench.benchmarks.roofline.summarize``, the one
+  definition shared with ``clipbench bench``).
+* Safe ranges: per implementation, op, dtype and p, the longest run of scanned norms over
+  which it conforms (material tolerance and rounding) and what fails beyond each end.
 * Sharding (rule 14): per implementation, the cases run on sharded leaves, how many gave the
   unsharded call's bits, the largest differences in ulp and the cases where a clip decision
   changed or the strict bound broke. Rule 14's ulp columns measure sharded against unsharded,
@@ -34,8 +39,9 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from clipbench.schema import (SEVERITIES, SHARDING_BOUND_BROKEN, SHARDING_DECISION_CHANGED,
-                              SHARDING_RULE)
+from clipbench.schema import (EVERYDAY, RANGE_EDGE, SAFE_RANGE_CHECKS, SEVERITIES,
+                              SHARDING_BOUND_BROKEN, SHARDING_DECISION_CHANGED, SHARDING_RULE,
+                              case_severity, is_everyday)
 
 KIND_ORDER: tuple[str, ...] = ("reference", "own", "library", "baseline", "outside")
 DTYPE_ORDER: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
@@ -66,6 +72,7 @@ SEVERITY_VERDICTS: dict[str, str] = {
     "invalid-input-accepted": "accepts invalid input",
     "valid-input-rejected": "rejects valid input",
     "non-finite-policy": "non-finite policy differs",
+    "precision": "precision (within 1e-3)",
     "rounding-level": "rounding-level deviations only",
     UNCLASSIFIED: "unclassified deviations",
 }
@@ -202,7 +209,8 @@ def accuracy_table(conformance: pd.DataFrame) -> pd.DataFrame:
 
 
 def severity_class(outcome: str, severity: str) -> str | None:
-  """The severity-table column of one case (None: the case does not diverge)."""
+  """The severity-table column of one case (None: the case does not diverge); ``severity`` is
+  the case's own class (:func:`case_classes`)."""
   if outcome in UNLISTED_OUTCOMES:
     return UNLISTED
   if outcome == "unexpected-pass":
@@ -212,20 +220,57 @@ def severity_class(outcome: str, severity: str) -> str | None:
   return None
 
 
+def case_classes(conformance: pd.DataFrame) -> pd.Series:
+  """Each row's own class, from its case data (``clipbench.schema.case_severity``); the
+  manifest entry's class where the data cannot tell."""
+  return pd.Series([case_severity(listed, input_class, result, rel_error, dtype)
+                    for listed, input_class, result, rel_error, dtype in zip(
+                        conformance["severity"], conformance["input_class"],
+                        conformance["result"], _numbers(conformance["rel_error"]),
+                        conformance["dtype"])],
+                   index=conformance.index, dtype=object)
+
+
+def _numbers(column: pd.Series) -> pd.Series:
+  """A numeric column of the results table (NaN where empty), however the frame was made."""
+  return pd.to_numeric(column, errors="coerce")
+
+
+def scopes(conformance: pd.DataFrame) -> pd.Series:
+  """Each row's scope: ``everyday`` or ``range edge`` (``clipbench.schema.is_everyday``)."""
+  return pd.Series([EVERYDAY if is_everyday(*values) else RANGE_EDGE for values in zip(
+      conformance["input_class"], *(_numbers(conformance[c]) for c in (
+          "input_min_abs", "input_max_abs", "norm_min", "norm_max")))],
+      index=conformance.index, dtype=object)
+
+
+CLASS_RANK: dict[str, int] = {c: i for i, c in enumerate(
+    (UNLISTED, *SEVERITIES, UNCLASSIFIED, STALE))}
+
+
+def worst_class(classes: Iterable[str]) -> str:
+  """The most harmful of ``classes`` ("" when there are none)."""
+  return min(classes, key=lambda c: CLASS_RANK.get(c, len(CLASS_RANK)), default="")
+
+
 def _classified(conformance: pd.DataFrame) -> pd.DataFrame:
-  """The divergent rows with their ``class`` and ``entry`` (the manifest entry behind a
-  deviation: op, rule, reason and severity; for an unlisted failure, its op and rule)."""
-  classes = [severity_class(o, s) for o, s in zip(conformance["outcome"], conformance["severity"])]
-  rows = conformance.assign(**{"class": classes})
+  """The divergent rows with their ``class`` (derived from the case data), ``scope`` and
+  ``entry`` (the manifest entry behind a deviation: op, rule, reason and its listed class; for
+  an unlisted failure, its op and rule)."""
+  own = case_classes(conformance)
+  classes = [severity_class(o, s) for o, s in zip(conformance["outcome"], own)]
+  rows = conformance.assign(**{"class": classes, "scope": scopes(conformance)})
   rows = rows[rows["class"].notna()].copy()
   rows["reason"] = rows["reason"].str.replace(_MANIFEST_OBSERVED, "", regex=True)
-  rows["entry"] = list(zip(rows["op"], rows["rule"].astype(str), rows["reason"], rows["class"]))
+  rows["entry"] = list(zip(rows["op"], rows["rule"].astype(str), rows["reason"],
+                           rows["severity"]))
   return rows
 
 
 def severity_table(conformance: pd.DataFrame) -> pd.DataFrame:
   """Per implementation (in summary order) and class of :data:`SEVERITY_CLASSES`: the number of
-  cases (column ``<class>``) and of distinct entries (``<class> entries``)."""
+  cases (column ``<class>``), of those on everyday inputs and at the range's edge
+  (``<class> everyday``, ``<class> edge``) and of distinct entries (``<class> entries``)."""
   rows = _classified(conformance)
   out = []
   for impl in implementations(conformance)["impl"]:
@@ -234,10 +279,12 @@ def severity_table(conformance: pd.DataFrame) -> pd.DataFrame:
     for cls in SEVERITY_CLASSES:
       of_class = mine[mine["class"] == cls]
       record[cls] = len(of_class)
+      record[f"{cls} everyday"] = int((of_class["scope"] == EVERYDAY).sum())
+      record[f"{cls} edge"] = int((of_class["scope"] == RANGE_EDGE).sum())
       record[f"{cls} entries"] = of_class["entry"].nunique()
     out.append(record)
-  return pd.DataFrame(out, columns=["impl", *(c for cls in SEVERITY_CLASSES
-                                             for c in (cls, f"{cls} entries"))])
+  return pd.DataFrame(out, columns=["impl", *(c for cls in SEVERITY_CLASSES for c in (
+      cls, f"{cls} everyday", f"{cls} edge", f"{cls} entries"))])
 
 
 SHARDING_COLUMNS: tuple[str, ...] = (
@@ -267,28 +314,44 @@ def sharding_table(conformance: pd.DataFrame) -> pd.DataFrame:
   return pd.DataFrame(out, columns=["impl", *SHARDING_COLUMNS])
 
 
-def verdict(outcomes: pd.Series, severities: pd.Series) -> tuple[str, str]:
-  """(phrase, worst class) for one implementation's cases: unlisted failures first, then the
-  most harmful deviation class, then stale manifest entries; ``conforms`` when none."""
-  if outcomes.empty:
-    return "not checked", "n/a"
-  classes = {severity_class(o, s) for o, s in zip(outcomes, severities)} - {None}
+VERDICT_COLUMNS: tuple[str, ...] = ("verdict", "worst", "everyday", "edge")
+
+
+def verdict(rows: pd.DataFrame) -> tuple[str, str]:
+  """(phrase, worst everyday class) of one implementation's results rows."""
+  found = verdict_parts(rows)
+  return found["verdict"], found["worst"]
+
+
+def verdict_parts(rows: pd.DataFrame) -> dict[str, str]:
+  """One implementation's verdict: unlisted failures first, then the worst class on everyday
+  inputs, then the worst at the range's edges, then stale
+  manifest entries; ``conforms`` when none. ``worst`` is the class that colours it (unlisted
+  failures, else the worst everyday class, else ``conforms``... ``n/a``); ``everyday`` and
+  ``edge`` are the worst classes of each scope ("" for none)."""
+  if rows.empty:
+    return {"verdict": "not checked", "worst": "n/a", "everyday": "", "edge": ""}
+  divergent = _classified(rows)
+  listed = divergent[~divergent["class"].isin((UNLISTED, STALE))]
+  everyday = worst_class(listed.loc[listed["scope"] == EVERYDAY, "class"])
+  edge = worst_class(listed.loc[listed["scope"] == RANGE_EDGE, "class"])
   parts = []
-  unlisted = int(outcomes.isin(UNLISTED_OUTCOMES).sum())
+  unlisted = int(rows["outcome"].isin(UNLISTED_OUTCOMES).sum())
   if unlisted:
     parts.append(f"{unlisted} unlisted failure{'s' if unlisted > 1 else ''}")
-  worst_deviation = next((c for c in (*SEVERITIES, UNCLASSIFIED) if c in classes), None)
-  if worst_deviation:
-    parts.append(SEVERITY_VERDICTS[worst_deviation])
-  stale = int((outcomes == "unexpected-pass").sum())
+  if everyday or edge:
+    parts.append(f"everyday: {SEVERITY_VERDICTS[everyday] if everyday else 'conforms'}")
+  if edge:
+    parts.append(f"range edge: {SEVERITY_VERDICTS[edge]}")
+  stale = int((rows["outcome"] == "unexpected-pass").sum())
   if stale:
     parts.append(f"{stale} listed case{'s' if stale > 1 else ''} passed (stale manifest)")
   if parts:
-    worst = UNLISTED if unlisted else worst_deviation or STALE
-    return "; ".join(parts), worst
-  if (outcomes == "pass").any():
-    return "conforms", "conforms"
-  return "nothing applicable", "n/a"
+    worst = UNLISTED if unlisted else everyday or (edge and "conforms") or STALE
+    return {"verdict": "; ".join(parts), "worst": worst, "everyday": everyday, "edge": edge}
+  worst = "conforms" if (rows["outcome"] == "pass").any() else "n/a"
+  return {"verdict": "conforms" if worst == "conforms" else "nothing applicable",
+          "worst": worst, "everyday": "", "edge": ""}
 
 
 def _shortened(text: str, limit: int) -> str:
@@ -307,28 +370,39 @@ def divergence_catalogue(conformance: pd.DataFrame, *, max_case_names: int = 8,
   with the number of entries, not of cases.
   """
   rows = _classified(conformance)
-  columns = ["impl", "kind", "class", "op", "rule", "reason", "cases", "case_names", "dtypes",
-             "max_ulp_error", "norm_ulp_error", "observed", "reproducer_test_id",
-             "reproducer_chars", "reproducer"]
+  columns = ["impl", "kind", "class", "everyday_class", "everyday_cases", "op", "rule",
+             "reason", "cases", "case_names", "dtypes", "max_ulp_error", "norm_ulp_error",
+             "max_rel_error", "observed", "reproducer_test_id", "reproducer_chars", "reproducer"]
   if rows.empty:
     return pd.DataFrame(columns=columns)
   out = []
   for (impl, entry), group in rows.groupby(["impl", "entry"], sort=False):
-    op, rule, reason, cls = entry
-    with_repro = group[group["reproducer"].str.strip() != ""]
+    op, rule, reason, _ = entry
+    cls = worst_class(group["class"])
+    everyday = group[group["scope"] == EVERYDAY]
+    everyday_class = worst_class(everyday["class"])
+    # The reproducer shows the entry at its worst, on everyday inputs where it shows there.
+    pool = (everyday[everyday["class"] == everyday_class] if len(everyday)
+            else group[group["class"] == cls])
+    with_repro = pool[pool["reproducer"].str.strip() != ""]
+    if with_repro.empty:
+      with_repro = group[group["reproducer"].str.strip() != ""]
     chosen = (with_repro.loc[with_repro["reproducer"].str.len().idxmin()]
-              if len(with_repro) else group.iloc[0])
+              if len(with_repro) else pool.iloc[0])
     names = list(dict.fromkeys(group["case"]))
     shown = ", ".join(names[:max_case_names]) + (
         f" and {len(names) - max_case_names} more" if len(names) > max_case_names else "")
     out.append({
-        "impl": impl, "kind": group["kind"].iloc[0], "class": cls, "op": op, "rule": rule,
+        "impl": impl, "kind": group["kind"].iloc[0], "class": cls,
+        "everyday_class": everyday_class, "everyday_cases": len(everyday), "op": op,
+        "rule": rule,
         "reason": reason or _shortened(_first_text(group["observed"]), max_text_chars),
         "cases": len(group),
         "case_names": shown,
         "dtypes": ", ".join(sorted(set(group["dtype"]) - {""}, key=dtype_sort_key)),
         "max_ulp_error": group["max_ulp_error"].max(),
         "norm_ulp_error": group["norm_ulp_error"].max(),
+        "max_rel_error": _numbers(group["rel_error"]).max(),
         "observed": _shortened(str(chosen["observed"]), max_text_chars),
         "reproducer_test_id": str(chosen["test_id"]),
         "reproducer_chars": len(str(chosen["reproducer"]).strip()),
@@ -382,15 +456,13 @@ def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame 
                            group_of: Callable[[str], str] = lambda w: w) -> pd.DataFrame:
   """Per implementation: outcome counts, a verdict, the worst ulp errors, speed per group.
 
-  ``verdict`` names the worst class (``worst``) of what the implementation did; ``max_ulp_error``
-  is over single-dtype cases and ``max_ulp_error_mixed`` over mixed-dtype ones (rule 4 allows
-  these up to about 2**31 float64 ulps); ``roofline <group>`` is the geometric mean of its
-  roofline ratios over that group's common workloads (:func:`comparison_sets`), NaN when it
-  ran none of them; the ``sharding_*`` columns are :func:`sharding_table`'s. Implementations
-  that were only benchmarked get the verdict ``not checked``.
+  The verdict columns are :func:`verdict_parts`'; ``max_ulp_error`` is over single-dtype cases
+  and ``max_ulp_error_mixed`` over mixed-dtype ones (rule 4 allows these up to about 2**31
+  float64 ulps); the speed columns are :func:`speed_summary`'s; the ``sharding_*`` columns
+  are :func:`sharding_table`'s. Implementations that were only benchmarked get the verdict
+  ``not checked``.
   """
   listed = implementations(conformance)
-  sets = comparison_sets(performance, group_of) if performance is not None else {}
   if performance is not None and len(performance):
     timed = performance[~performance["impl"].isin(listed["impl"])].drop_duplicates("impl")
     extra = pd.DataFrame({"impl": timed["impl"], "kind": timed["kind"], "library": "",
@@ -399,14 +471,14 @@ def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame 
     listed["_rank"] = listed["kind"].map(kind_rank)
     listed = listed.sort_values(["_rank"], kind="stable").drop(columns="_rank")
   sharding = sharding_table(conformance).set_index("impl")
+  speed = speed_summary(performance, group_of) if performance is not None else None
   rows = []
   for _, impl in listed.iterrows():
     mine = conformance[conformance["impl"] == impl["impl"]]
     counts = mine["outcome"].value_counts()
-    phrase, worst = verdict(mine["outcome"], mine["severity"])
     accuracy = against_reference(mine)
     mixed = accuracy["dtype"].map(is_mixed_dtype)
-    record = {**impl.to_dict(), "verdict": phrase, "worst": worst,
+    record = {**impl.to_dict(), **verdict_parts(mine),
               "pass": int(counts.get("pass", 0)), "deviation": int(counts.get("deviation", 0)),
               "fail": int(sum(counts.get(o, 0) for o in FAILING)),
               "not_applicable": int(counts.get("not-applicable", 0)),
@@ -418,16 +490,46 @@ def implementation_summary(conformance: pd.DataFrame, performance: pd.DataFrame 
     else:
       record.update({c: 0 if c.endswith(("cases", "identical", "changed", "broken")) else
                      math.nan for c in SHARDING_COLUMNS})
-    for group, keys in sets.items():
-      ratios = performance[performance["impl"] == impl["impl"]]
-      common = np.array([k in set(keys) for k in
-                         zip(ratios["workload"], ratios["dtype"], ratios["device"])], dtype=bool)
-      record[f"roofline {group}"] = geometric_mean(ratios.loc[common, "roofline_ratio"])
+    if speed is not None:
+      record.update(speed.loc[impl["impl"]].to_dict() if impl["impl"] in speed.index else {})
     rows.append(record)
+  speed_columns = list(speed.columns) if speed is not None else []
   return pd.DataFrame(rows, columns=[
-      "impl", "kind", "library", "version", "framework", "verdict", "worst", "pass",
+      "impl", "kind", "library", "version", "framework", *VERDICT_COLUMNS, "pass",
       "deviation", "fail", "not_applicable", "max_ulp_error", "max_ulp_error_mixed",
-      *SHARDING_COLUMNS, *(f"roofline {g}" for g in sets)])
+      *SHARDING_COLUMNS, *speed_columns])
+
+
+def speed_summary(performance: pd.DataFrame,
+                  group_of: Callable[[str], str]) -> pd.DataFrame | None:
+  """Per implementation (index), per comparison group: ``roofline <group>``, the geometric
+  mean of its roofline ratios over every workload of the group it ran, and ``<group>
+  workloads``, how many; ``time vs fastest``, the geometric mean over everything it ran of its
+  median over the fastest median of the same workload, dtype and device (1: the fastest);
+  and, per workload of a group whose implementations share no workload
+  (:func:`comparison_sets`), ``roofline <workload>`` (float32 on the CPU where it ran)."""
+  if performance is None or performance.empty:
+    return None
+  frame = performance.assign(_group=performance["workload"].map(group_of))
+  keys = ["workload", "dtype", "device"]
+  frame["_vs_fastest"] = frame["median_s"] / frame.groupby(keys)["median_s"].transform("min")
+  sets = comparison_sets(performance, group_of)
+  disjoint = [g for g, common in sets.items() if not common]
+  out = {}
+  for impl, mine in frame.groupby("impl", sort=False):
+    record: dict[str, float] = {}
+    for group in sets:
+      ran = mine[mine["_group"] == group]
+      record[f"roofline {group}"] = geometric_mean(ran["roofline_ratio"])
+      record[f"{group} workloads"] = len(ran)
+    record["time vs fastest"] = geometric_mean(mine["_vs_fastest"])
+    for _, r in frame[frame["_group"].isin(disjoint)].drop_duplicates("workload").iterrows():
+      own = mine[mine["workload"] == r["workload"]]
+      preferred = own[(own["dtype"] == "float32") & (own["device"] == "cpu")]
+      record[f"roofline {r['workload']}"] = geometric_mean(
+          (preferred if len(preferred) else own)["roofline_ratio"])
+    out[impl] = record
+  return pd.DataFrame.from_dict(out, orient="index")
 
 
 def performance_with_spread(performance: pd.DataFrame, benchmarks: pd.DataFrame) -> pd.DataFrame:
@@ -466,3 +568,99 @@ def asv_summary(history: pd.DataFrame) -> dict[str, pd.DataFrame]:
                                                       if c in set(group["commit"])])
     tables[metric] = table.rename(columns=labels)
   return tables
+
+
+SAFE_RANGE_TOLERANCES: tuple[str, ...] = ("material", "rounding")
+SAFE_RANGE_TABLE_COLUMNS: tuple[str, ...] = (
+    "impl", "kind", "op", "dtype", "norm_type", "tolerance", "low_log2", "high_log2",
+    "scan_low_log2", "scan_high_log2", "below", "above", "points", "passing",
+    "passing_outside")
+
+
+def _break_phrase(row: pd.Series | None) -> str:
+  """What fails at a point just beyond a range ("" beyond the scan's end)."""
+  if row is None:
+    return ""
+  phrase = SAFE_RANGE_CHECKS.get(row["check"], "") or "off beyond the tolerance"
+  rel = row["rel_error"]
+  if row["check"] not in ("raised", "finite-outputs") and rel == rel and 0 < rel < math.inf:
+    phrase += ", off by " + f"{rel:.0e}".replace("e+00", "").replace("e-0", "e-").replace(
+        "e+0", "e+")
+  return phrase
+
+
+def _longest_run(passing: list[bool], exps: list[float]) -> tuple[int, int] | None:
+  """(first, last) index of the longest run of passing points; a tie goes to the run
+  nearest a norm of 1. None when nothing passes."""
+  runs, start = [], None
+  for i, ok in enumerate([*passing, False]):
+    if ok and start is None:
+      start = i
+    elif not ok and start is not None:
+      runs.append((start, i - 1))
+      start = None
+  if not runs:
+    return None
+  return max(runs, key=lambda r: (r[1] - r[0], -min(abs(exps[i]) for i in range(r[0], r[1] + 1))))
+
+
+def safe_ranges(scan: pd.DataFrame) -> pd.DataFrame:
+  """Per implementation, op, dtype, p and tolerance (material, rounding): the longest run of
+  scanned norms (log2) over which it conforms, the scan's ends, what fails just below and
+  above the run ("" at the scan's end: it conforms to the end), and how many points pass
+  outside the run (pass and fail need not be monotone in the norm)."""
+  out = []
+  order = {name: i for i, name in enumerate(dict.fromkeys(scan["impl"]))}
+  for (impl, op, dtype, p), points in scan.groupby(["impl", "op", "dtype", "norm_type"],
+                                                   sort=False):
+    points = points.sort_values("log2_norm")
+    exps = points["log2_norm"].tolist()
+    for tolerance in SAFE_RANGE_TOLERANCES:
+      passing = (points[tolerance] == "pass").tolist()
+      run = _longest_run(passing, exps)
+      record = {"impl": impl, "kind": points["kind"].iloc[0], "op": op, "dtype": dtype,
+                "norm_type": p, "tolerance": tolerance, "scan_low_log2": exps[0],
+                "scan_high_log2": exps[-1], "points": len(points), "passing": sum(passing)}
+      if run is None:
+        first_fail = points.iloc[0]
+        record.update(low_log2=math.nan, high_log2=math.nan, below=_break_phrase(first_fail),
+                      above="", passing_outside=0)
+      else:
+        lo, hi = run
+        record.update(low_log2=exps[lo], high_log2=exps[hi],
+                      below=_break_phrase(points.iloc[lo - 1] if lo > 0 else None),
+                      above=_break_phrase(points.iloc[hi + 1] if hi + 1 < len(points) else None),
+                      passing_outside=sum(passing) - (hi - lo + 1))
+      out.append(record)
+  frame = pd.DataFrame(out, columns=list(SAFE_RANGE_TABLE_COLUMNS))
+  frame["_i"] = frame["impl"].map(order)
+  frame["_d"] = frame["dtype"].map(dtype_sort_key)
+  return (frame.sort_values(["_i", "op", "_d", "norm_type"], kind="stable")
+          .drop(columns=["_i", "_d"]).reset_index(drop=True))
+
+
+def narrowest_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
+  """Per implementation and dtype, the op and p whose material range is narrowest (an empty
+  range first), with its rounding range beside it: what a user of that dtype can rely on."""
+  if ranges.empty:
+    return pd.DataFrame(columns=["impl", "dtype", "op", "norm_type", "variants", "low_log2",
+                                 "high_log2", "whole_low", "whole_high", "below", "above",
+                                 "rounding_low_log2", "rounding_high_log2", "rounding_below",
+                                 "rounding_above"])
+  material = ranges[ranges["tolerance"] == "material"].copy()
+  rounding = ranges[ranges["tolerance"] == "rounding"].set_index(
+      ["impl", "op", "dtype", "norm_type"])
+  material["_width"] = (material["high_log2"] - material["low_log2"]).fillna(-1)
+  rows = []
+  for (impl, dtype), group in material.groupby(["impl", "dtype"], sort=False):
+    r = group.sort_values("_width", kind="stable").iloc[0]
+    tight = rounding.loc[(impl, r["op"], dtype, r["norm_type"])]
+    rows.append({
+        "impl": impl, "dtype": dtype, "op": r["op"], "norm_type": r["norm_type"],
+        "variants": len(group), "low_log2": r["low_log2"], "high_log2": r["high_log2"],
+        "whole_low": r["low_log2"] == r["scan_low_log2"],
+        "whole_high": r["high_log2"] == r["scan_high_log2"], "below": r["below"],
+        "above": r["above"], "rounding_low_log2": tight["low_log2"],
+        "rounding_high_log2": tight["high_log2"], "rounding_below": tight["below"],
+        "rounding_above": tight["above"]})
+  return pd.DataFrame(rows)

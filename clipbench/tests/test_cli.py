@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from clipbench import child_run, cli, conform_command, files, loading, outputs, terminal
+from clipbench import (child_run, cli, conform_command, files, loading, outputs, safe_range_run,
+                       terminal)
 from clipbench.impls import registry
 
 REPORT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -96,11 +97,18 @@ def write_benchmarks(cmd):
   shutil.copy(os.path.join(REPORT_DATA, "benchmarks.json"), _option(cmd, "--benchmark-json"))
 
 
+def fake_scan(impls, profile, results_path, env_defaults) -> int:
+  """Stands in for ``safe_range_run.run_safe_range``: the recorded scan, exit status 0."""
+  shutil.copy(os.path.join(REPORT_DATA, "safe_range.csv"), results_path)
+  return 0
+
+
 @pytest.fixture
 def fake_run(monkeypatch):
   def install(rc=0, write=None) -> FakePytest:
     fake = FakePytest(rc, write)
     monkeypatch.setattr(child_run, "run_pytest", fake)
+    monkeypatch.setattr(safe_range_run, "run_safe_range", fake_scan)
     return fake
   return install
 
@@ -362,7 +370,7 @@ def test_bench_table_shows_spread_roofline_and_the_last_conform_verdict(
     info, stats = bench["extra_info"], bench["stats"]
     row = rows[(info["workload"], info["dtype"], info["impl"])]
     mine = table[table["impl"] == info["impl"]]
-    verdict = (tables.verdict(mine["outcome"], mine["severity"])[0]
+    verdict = (tables.verdict(mine)[0]
                if checked and len(mine) else "not checked")
     expected = [fmt_seconds(stats["median"]), fmt_seconds(stats["iqr"]), str(stats["rounds"]),
                 fmt_number(stats["median"] / info["roofline_seconds"]), verdict]
@@ -409,6 +417,7 @@ def results_dir(tmp_path):
   folder.mkdir()
   shutil.copy(os.path.join(REPORT_DATA, "conformance.csv"), folder / "conformance.csv")
   shutil.copy(os.path.join(REPORT_DATA, "benchmarks.json"), folder / "benchmarks.json")
+  shutil.copy(os.path.join(REPORT_DATA, "safe_range.csv"), folder / "safe_range.csv")
   return folder
 
 

@@ -33,7 +33,8 @@ PACKAGES = {
 CLI = "clipbench.cli"
 # The clipbench command: cli.py and the modules of its subcommands.
 COMMAND_MODULES = (CLI, "clipbench.conform_command", "clipbench.bench_command",
-                   "clipbench.bench_table", "clipbench.report_command")
+                   "clipbench.bench_table", "clipbench.report_command",
+                   "clipbench.safe_range_run")
 REPORT_IMPORTERS = (*COMMAND_MODULES, "clipbench.tests.test_cli")
 
 

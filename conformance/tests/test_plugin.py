@@ -73,6 +73,11 @@ def test_plugin_runs_an_outside_implementation_from_another_folder(tmp_path):
   table = pd.read_csv(tmp_path / "out.csv", dtype=str, keep_default_na=False)
   assert set(table.impl) == {"tmpimpl"}  # keyed by the implementation's own name
   assert set(table.outcome) == {"pass"} and len(table) >= 3
+  # What the case showed is recorded whether it passes or not: [3, 4] with max 5.
+  tie = table[table.case == "tie_3_4"].iloc[0]
+  assert (tie.input_class, tie.result, tie.rel_error) == ("finite", "returned", "0.0")
+  assert (float(tie.input_min_abs), float(tie.input_max_abs)) == (3.0, 4.0)
+  assert float(tie.norm_min) == float(tie.norm_max) == pytest.approx(5.0)
 
 
 def test_failures_are_one_line_each_with_the_draft_command(tmp_path):
@@ -85,6 +90,10 @@ def test_failures_are_one_line_each_with_the_draft_command(tmp_path):
   assert "def run(" not in out and "Reproducer" not in out  # no fixture source, no snippet
   assert len(out.splitlines()) < 30, out
   assert "python -m clipbench.conformance.draft_deviations" in out
+  # A zeroed update is as far off as an update can be: the relative error of a silent wrong value.
+  failed = pd.read_csv(tmp_path / "out.csv", dtype=str, keep_default_na=False)
+  failed = failed[failed.outcome == "fail"]
+  assert set(failed.result) == {"returned"} and set(failed.rel_error) == {"inf"}, failed
   verbose_rc, verbose = _pytest(tmp_path, "--impl", "tmpmod:zeros", "-k", "rule4 and clip_3_4",
                                 "-v")
   assert verbose_rc == 1 and "Reproducer" in verbose

@@ -20,6 +20,7 @@ from clipbench.schema import CONFORMANCE_COLUMNS, SEVERITIES
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CONFORMANCE = os.path.join(DATA, "conformance.csv")
 BENCHMARKS = os.path.join(DATA, "benchmarks.json")
+SAFE_RANGE = os.path.join(DATA, "safe_range.csv")
 ASV = os.path.join(DATA, "asv_results")
 NOW = datetime.datetime(2026, 11, 22, 1, 2, 3, tzinfo=datetime.timezone.utc)
 
@@ -38,6 +39,7 @@ def bench() -> results.BenchmarkRun:
 def sources(conformance, bench) -> build.Sources:
   return build.Sources(conformance=conformance, conformance_path=CONFORMANCE, benchmarks=bench,
                        asv_history=results.read_asv_history(ASV),
+                       safe_range=results.read_safe_range(SAFE_RANGE),
                        run_facts=(("Command", "`clipbench report --reuse`"),))
 
 
@@ -196,8 +198,9 @@ def test_summary_verdicts_name_the_worst_class(report):
   summary = report.tables["summary"].set_index("impl")
   assert summary.loc["reference", "verdict"] == "conforms"
   # optax has a rounding-level deviation too; its verdict names the most harmful class.
-  assert summary.loc["optax.clip_by_global_norm", "verdict"] == "silent wrong values"
-  assert summary.loc["torch.clip_grad_norm_", "verdict"] == "rounding-level deviations only"
+  assert summary.loc["optax.clip_by_global_norm", "verdict"] == "everyday: silent wrong values"
+  # Listed as rounding-level, but max / (norm + 1e-6) at a norm of 0.01 is 1e-4 off.
+  assert summary.loc["torch.clip_grad_norm_", "verdict"] == "everyday: precision (within 1e-3)"
   assert summary.loc["tmpmod:impl", "verdict"] == "2 unlisted failures"
   assert summary.loc["kups.MaxStepSize", "verdict"] == "1 listed case passed (stale manifest)"
   assert summary.loc["clipbench.numba", "verdict"] == "not checked"  # benchmarked only
@@ -208,8 +211,12 @@ def test_severity_table_counts_cases_and_entries(report):
   severity = report.tables["severity"].set_index("impl")
   optax = severity.loc["optax.clip_by_global_norm"]
   assert (optax["silent-wrong-value"], optax["silent-wrong-value entries"]) == (2, 2)
+  assert (optax["silent-wrong-value everyday"], optax["silent-wrong-value edge"]) == (2, 0)
   assert (optax["rounding-level"], optax[tables.UNLISTED]) == (1, 0)
   assert severity.loc["torch.clip_grad_norm_", "rounding-level"] == 1
+  assert severity.loc["torch.clip_grad_norm_", "precision"] == 1
+  tf = severity.loc["tensorflow.clip_by_global_norm"]
+  assert (tf["silent-wrong-value everyday"], tf["silent-wrong-value edge"]) == (0, 1)
   assert severity.loc["tmpmod:impl", tables.UNLISTED] == 2  # a fail and an error
   assert severity.loc["kups.MaxStepSize", tables.STALE] == 1
   assert severity.loc["reference"].drop(
@@ -220,23 +227,71 @@ def test_summary_leads_with_the_severity_table_most_harmful_first(report):
   md = render.to_markdown(report.document)
   summary = md.index("## Summary")
   table = md.index("| implementation | silent-wrong-value | invalid-input-accepted |", summary)
+  assert "| precision | rounding-level |" in md[table:]
   assert table < md.index("### Verdict, accuracy and speed") < md.index("## Conformance matrix")
   header = md[table:md.index("\n", table)]
   assert header.index(tables.UNLISTED) > header.index("rounding-level")
-  assert "| optax.clip_by_global_norm | 2 (2) | 0 | 0 | 0 | 1 (1) | 0 |" in md
+  assert "| optax.clip_by_global_norm | 2 / 0 (2) | 0 | 0 | 0 | 0 | 1 / 0 (1) | 0 |" in md
+  assert "| tensorflow.clip_by_global_norm | 0 / 1 (1) | 0 | 0 | 0 | 0 | 0 | 0 |" in md
   html_text = render.to_html(report.document)
   assert 'class="num sev-silent-wrong-value"' in html_text  # the harmful cell stands out
 
 
 def test_results_without_severity_are_unclassified(conformance):
-  older = conformance.assign(severity="")
+  # Results older than the severity field recorded no case data either.
+  older = conformance.assign(severity="", input_class="", result="", rel_error=math.nan)
   severity = tables.severity_table(older).set_index("impl")
   assert severity.loc["optax.clip_by_global_norm", tables.UNCLASSIFIED] == 3
   assert severity.loc["tmpmod:impl", tables.UNLISTED] == 2
   summary = tables.implementation_summary(older, None).set_index("impl")
-  assert summary.loc["optax.clip_by_global_norm", "verdict"] == "unclassified deviations"
+  assert summary.loc["optax.clip_by_global_norm", "verdict"] == (
+      "everyday: unclassified deviations")
   md = render.to_markdown(build.build(build.Sources(conformance=older), generated=NOW).document)
   assert f"| {tables.UNCLASSIFIED} |" in md or f" {tables.UNCLASSIFIED} |" in md
+
+
+def test_everyday_failures_and_range_edge_failures_get_different_verdicts(report):
+  """The issue's test: TensorFlow fails only at float32 entries of 1e20, optax at float16
+  gradients of 300. The first is everyday-clean with a range-edge defect, the second is an
+  everyday silent wrong value; their safe ranges say where each breaks."""
+  summary = report.tables["summary"].set_index("impl")
+  tf, optax = summary.loc["tensorflow.clip_by_global_norm"], summary.loc[
+      "optax.clip_by_global_norm"]
+  assert tf["verdict"] == "everyday: conforms; range edge: silent wrong values"
+  assert (tf["everyday"], tf["edge"]) == ("", "silent-wrong-value")
+  assert optax["verdict"] == "everyday: silent wrong values"
+  assert (optax["everyday"], optax["worst"]) == ("silent-wrong-value", "silent-wrong-value")
+  ranges = report.tables["safe_ranges"].set_index(["impl", "dtype", "tolerance"])
+  tf16 = ranges.loc[("tensorflow.clip_by_global_norm", "float16", "material")]
+  assert (tf16["low_log2"], tf16["high_log2"]) == (-23, 15)  # every point of the scan
+  assert ranges.loc[("tensorflow.clip_by_global_norm", "float32", "material"), "high_log2"] == 62
+  optax16 = ranges.loc[("optax.clip_by_global_norm", "float16", "material")]
+  assert (optax16["low_log2"], optax16["high_log2"]) == (-23, 7)
+  assert optax16["above"] == "NaN, inf or zeros"
+  md = render.to_markdown(report.document)
+  table = md[md.index("### Safe ranges"):]
+  tf_row = next(line for line in table.splitlines()
+                if line.startswith("| tensorflow.clip_by_global_norm |"))
+  assert tf_row == ("| tensorflow.clip_by_global_norm | the whole range | "
+                    "up to 4.6e+18 (above: wrong norm) |")
+  optax_row = next(line for line in table.splitlines()
+                   if line.startswith("| optax.clip_by_global_norm |"))
+  assert optax_row.startswith("| optax.clip_by_global_norm | up to 1.3e+02 (above: NaN, inf "
+                              "or zeros) |")
+  # The sentences at the top: everyday verdict, safe range, speed, worst everyday finding.
+  top = md[md.index("## Summary"):md.index("### Which library can corrupt an update")]
+  tf_line = next(line for line in top.splitlines()
+                 if line.startswith("**tensorflow.clip_by_global_norm**"))
+  assert tf_line.startswith("**tensorflow.clip_by_global_norm**: everyday inputs: conforms "
+                            "(range edge: silent wrong values); within 1e-3 for norms in "
+                            "float16 the whole range, float32 up to 4.6e+18")
+  assert "worst everyday finding" not in tf_line
+  optax_line = next(line for line in top.splitlines()
+                    if line.startswith("**optax.clip_by_global_norm**"))
+  assert optax_line.startswith("**optax.clip_by_global_norm**: everyday inputs: silent wrong "
+                               "values; within 1e-3 for norms in float16 up to 1.3e+02")
+  assert "× the fastest time; worst everyday finding: [clip_grad_norm R" in optax_line
+  assert "](reproducers/optax-clip-by-global-norm.md#clip-grad-norm-rule" in optax_line
 
 
 def test_unknown_severity_is_an_error(tmp_path):
@@ -250,8 +305,8 @@ def test_catalogue_one_row_per_entry_most_harmful_first(report):
   catalogue = report.tables["divergences"]
   assert list(catalogue["class"]) == [
       tables.UNLISTED, tables.UNLISTED, "silent-wrong-value", "silent-wrong-value",
-      "rounding-level", "rounding-level", tables.STALE]
-  assert catalogue["cases"].sum() == 7
+      "silent-wrong-value", "precision", "rounding-level", "rounding-level", tables.STALE]
+  assert catalogue["cases"].sum() == 9
 
 
 def test_catalogue_groups_cases_of_one_entry_and_keeps_the_shortest_reproducer(conformance):
@@ -339,33 +394,58 @@ def test_every_timing_shows_verdict_spread_and_direction(report):
           "roofline ratio (lower is better) |") in section
   optax = next(line for line in section.splitlines()
                if line.startswith("| optax.clip_by_global_norm | library | float32"))
-  assert "| 90.6 ms | 1.81 ms | 11 |" in optax and optax.endswith("| silent wrong values |")
+  assert "| 90.6 ms | 1.81 ms | 11 |" in optax
+  assert optax.endswith("| everyday: silent wrong values |")
   torch = next(line for line in section.splitlines()
                if line.startswith("| torch.clip_grad_norm_ | library | float32"))
-  assert torch.endswith("| rounding-level deviations only |")
+  assert torch.endswith("| everyday: precision (within 1e-3) |")
 
 
-def test_geomean_only_over_workloads_every_implementation_ran(report, bench):
-  sets = tables.comparison_sets(bench.summary, build.workload_group)
-  # clipbench.numba has no bfloat16 result: the bfloat16 runs compare nothing in common.
-  assert sets["global"] == [("W1-model", "float32", "cpu"), ("W4-many-small", "float32", "cpu")]
+def _summary_table_columns(md: str) -> dict[str, list[str]]:
+  """The summary's "Verdict, accuracy and speed" table, column by column."""
+  section = md[md.index("### Verdict, accuracy and speed"):md.index("## Conformance matrix")]
+  lines = [line for line in section.splitlines() if line.startswith("| ")]
+  cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines]
+  return {name: [row[i] for row in cells[1:]] for i, name in enumerate(cells[0])}
+
+
+def test_speed_per_group_over_what_each_ran_with_its_count(report, bench):
   summary = report.tables["summary"].set_index("impl")
-  jax_ratios = bench.summary.set_index(["impl", "workload", "dtype"])["roofline_ratio"]
-  assert summary.loc["clipbench.jax", "roofline global"] == pytest.approx(math.sqrt(
-      jax_ratios[("clipbench.jax", "W1-model", "float32")] *
-      jax_ratios[("clipbench.jax", "W4-many-small", "float32")]))
-  assert math.isnan(summary.loc["kups.ClipByGlobalNorm", "roofline global"])
-  # One implementation without W4: W4 leaves every geometric mean of the group.
-  without = bench.summary[~((bench.summary["impl"] == "optax.clip_by_global_norm") &
-                            (bench.summary["workload"] == "W4-many-small"))]
-  sets = tables.comparison_sets(without, build.workload_group)
-  assert sets["global"] == [("W1-model", "float32", "cpu")]
-  narrowed = tables.implementation_summary(report.tables["conformance"], without,
-                                           build.workload_group).set_index("impl")
-  assert narrowed.loc["clipbench.jax", "roofline global"] == pytest.approx(
-      jax_ratios[("clipbench.jax", "W1-model", "float32")])
-  md = render.to_markdown(report.document)
-  assert "global: W1-model float32, W4-many-small float32" in md
+  ratios = bench.summary.set_index(["impl", "workload", "dtype"])["roofline_ratio"]
+  jax_global = [ratios[("clipbench.jax", w, d)] for w in ("W1-model", "W4-many-small")
+                for d in ("float32", "bfloat16")]
+  assert summary.loc["clipbench.jax", "roofline global"] == pytest.approx(
+      math.exp(np.mean(np.log(jax_global))))
+  assert summary.loc["clipbench.jax", "global workloads"] == 4
+  assert summary.loc["clipbench.numba", "global workloads"] == 2  # no bfloat16 timing
+  assert summary.loc["kups.ClipByGlobalNorm", "global workloads"] == 0
+  assert summary.loc["kups.ClipByGlobalNorm", "per-system workloads"] == 4
+  # numba is the fastest wherever it ran; jax is the fastest in bfloat16, where numba is absent.
+  assert summary.loc["clipbench.numba", "time vs fastest"] == pytest.approx(1.0)
+  assert summary.loc["optax.clip_by_global_norm", "time vs fastest"] > 1
+  columns = _summary_table_columns(render.to_markdown(report.document))
+  assert columns["roofline ratio, per-system (geomean over the workloads run; count)"][
+      list(summary.index).index("kups.ClipByGlobalNorm")].endswith("(4)")
+  for name, values in columns.items():
+    assert any(v not in ("–", "") for v in values), f"column {name!r} is all dashes"
+
+
+def test_groups_without_a_common_workload_get_a_column_per_workload(report, bench):
+  # kups ran only W2, the others only W3: the per-system group shares nothing.
+  disjoint = bench.summary[~(((bench.summary["impl"] == "kups.ClipByGlobalNorm") &
+                              (bench.summary["workload"] == "W3-relax-large")) |
+                             ((bench.summary["impl"] != "kups.ClipByGlobalNorm") &
+                              (bench.summary["workload"] == "W2-relax")))]
+  assert tables.comparison_sets(disjoint, build.workload_group)["per-system"] == []
+  summary = tables.implementation_summary(report.tables["conformance"], disjoint,
+                                          build.workload_group).set_index("impl")
+  assert summary.loc["kups.ClipByGlobalNorm", "roofline W2-relax"] > 0
+  assert math.isnan(summary.loc["kups.ClipByGlobalNorm", "roofline W3-relax-large"])
+  assert summary.loc["clipbench.jax", "roofline W3-relax-large"] > 0
+  blocks = build._summary_section(summary.reset_index(), None,
+                                  tables.comparison_sets(disjoint, build.workload_group))
+  md = render.to_markdown(render.Document("t", tuple(blocks)))
+  assert "| roofline ratio, W2-relax | roofline ratio, W3-relax-large |" in md
 
 
 def test_log_axis_over_many_decades_has_one_label_per_decade():
@@ -535,20 +615,50 @@ def large_conformance(impls: int = 12, entries: int = 12, cases: int = 25,
   return frame[list(CONFORMANCE_COLUMNS)].fillna("")
 
 
+def large_safe_range(impls: int = 24) -> pd.DataFrame:
+  """A safe-range scan larger than a full default one: every dtype, op and p of every
+  implementation at every binade of the default steps, half the points failing with a
+  message."""
+  rows = []
+  for i in range(impls):
+    for dtype, exps in (("float16", range(-23, 16, 2)), ("bfloat16", range(-132, 128, 8)),
+                        ("float32", range(-148, 128, 8)), ("float64", range(-1073, 1024, 64))):
+      for op, p in (("clip_grad_norm", "1"), ("clip_grad_norm", "2"), ("clip_grad_norm", "3"),
+                    ("clip_grad_norm", "inf"), ("clip_by_max_step", "step")):
+        for e in exps:
+          bad = e > 0
+          rows.append({"impl": f"lib{i}.clip", "kind": "library", "library": f"lib{i}",
+                       "version": "1.0", "op": op, "dtype": dtype, "norm_type": p,
+                       "log2_norm": e, "threshold": repr(2.0 ** (e - 1)),
+                       "rounding": "fail" if bad else "pass",
+                       "material": "fail" if bad else "pass",
+                       "rel_error": repr(0.5 if bad else 0.0), "check": "bound" if bad else "",
+                       "observed": (f"system 0: output norm {2.0 ** e:.12g} > max "
+                                    f"{2.0 ** (e - 1):.12g} (by 3.2e+05 ulp): strict bound "
+                                    "broken") if bad else ""})
+  return pd.DataFrame(rows)
+
+
 def test_report_of_a_large_run_fits_where_people_read_it(tmp_path, bench):
   conformance = large_conformance()
   divergent = conformance["outcome"].isin(["fail", "deviation"]).sum()
   assert divergent >= 3000 and conformance["reproducer"].str.len().sum() > 10 * FILE_LIMIT
   path = tmp_path / "conformance.csv"
   conformance.to_csv(path, index=False)
+  scan_path = tmp_path / "safe_range.csv"
+  large_safe_range().to_csv(scan_path, index=False)
   report = build.build(build.Sources(conformance=results.read_conformance(path),
-                                     benchmarks=bench), generated=NOW)
+                                     benchmarks=bench,
+                                     safe_range=results.read_safe_range(scan_path)),
+                       generated=NOW)
   build.write_folder(report, str(tmp_path / "out"))
   sizes = {os.path.relpath(os.path.join(root, name), tmp_path / "out"):
            os.path.getsize(os.path.join(root, name))
            for root, _, names in os.walk(tmp_path / "out") for name in names}
   assert sizes["REPORT.md"] < REPORT_MD_LIMIT, sizes
   assert max(sizes.values()) < FILE_LIMIT, sizes
+  assert "safe_range.csv.gz" in sizes and "### Safe ranges" in (tmp_path / "out" /
+                                                                "REPORT.md").read_text()
   # Every case is in the compressed table; the catalogue shows one reproducer per entry.
   full = results.read_conformance(tmp_path / "out" / "conformance.csv.gz")
   assert len(full) == len(conformance) and (full["case"] == conformance["case"]).all()

@@ -2,9 +2,11 @@
 
 The files are hand-made, not measured: a conformance table with every outcome and severity
 class that matters to the summary (including a multi-line reproducer with quotes and commas,
-and a mixed-dtype error within rule 4's allowance), a pytest-benchmark JSON file with two problem
-sizes per workload family, and an asv results folder with two commits written through asv's
-own ``Results`` class (so the format is asv's). Numbers are plausible, not real.
+and a mixed-dtype error within rule 4's allowance; one library failing only at the range's
+edge, one on everyday float16 input), a safe-range scan of those two, a pytest-benchmark JSON
+file with two problem sizes per workload family, and an asv results folder with two commits
+written through asv's own ``Results`` class (so the format is asv's). Numbers are plausible,
+not real.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import math
 import os
 import shutil
 
-from clipbench.schema import CONFORMANCE_COLUMNS
+from clipbench.schema import CONFORMANCE_COLUMNS, SAFE_RANGE_COLUMNS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -28,6 +31,7 @@ IMPLS = {
     "optax.clip_by_global_norm": ("library", "optax", "0.2.8", "jax"),
     "torch.clip_grad_norm_": ("library", "torch", "2.14.1", "torch"),
     "kups.MaxStepSize": ("library", "kups", "1.0.8", "jax"),
+    "tensorflow.clip_by_global_norm": ("library", "tensorflow-cpu", "2.20.0", "tensorflow"),
     "tmpmod:impl": ("outside", "tmpmod", "", "numpy"),
 }
 
@@ -49,16 +53,32 @@ x = [np.arange(6, dtype=np.float32).reshape(3, 2)]
 print(tmpmod.impl.clip_grad_norm(x, 1.0))'''
 
 
+# What the suite records of a case's inputs: (smallest, largest nonzero |x|, smallest, largest
+# nonzero exact norm). ORDINARY is a random case's; the others are the edge-case table's.
+ORDINARY = (1e-3, 3.0, 5.0, 5.0)
+FLOAT16_300 = (300.0, 300.0, 519.6, 519.6)  # float16's sum of squares overflows: everyday
+FLOAT32_1E20 = (1e20, 1e20, 1.7e20, 1.7e20)  # beyond float16's range: the range's edge
+SMALL_NORM = (1e-3, 8e-3, 0.01, 0.01)  # an epsilon of 1e-6 in max / (norm + eps): 1e-4 off
+
+
 def row(impl, op, rule, case, dtype, outcome, ulp="", observed="", reason="", repro="",
-        norm_ulp=None, severity=""):
+        norm_ulp=None, severity="", extents=ORDINARY, rel=None, input_class="finite",
+        result="returned"):
   kind, library, version, framework = IMPLS[impl]
   label = f"rule{rule}" if rule.isdigit() else rule
   test_id = f"conformance/test_rules.py::test_{label}[{impl}-{op}-{label}-{case}]"
   norm_ulp = ulp if norm_ulp is None else norm_ulp
+  if rel is None:
+    rel = 0.0 if outcome == "pass" else ""
+  measured = outcome != "not-applicable"
   return {"impl": impl, "kind": kind, "library": library, "version": version,
           "framework": framework, "op": op, "rule": rule, "case": case, "dtype": dtype,
           "outcome": outcome, "severity": severity, "max_ulp_error": ulp,
-          "norm_ulp_error": norm_ulp, "observed": observed, "reason": reason,
+          "norm_ulp_error": norm_ulp, "input_class": input_class if measured else "",
+          "result": result if measured else "",
+          **dict(zip(("input_min_abs", "input_max_abs", "norm_min", "norm_max"),
+                     extents if measured else ("",) * 4)),
+          "rel_error": rel, "observed": observed, "reason": reason,
           "reproducer": repro, "test_id": test_id, "duration_s": "0.01"}
 
 
@@ -89,15 +109,26 @@ def conformance_rows():
       rows.append(row(lib, "clip_grad_norm", rule, "random", "float32", "pass", "1"))
   rows.append(row(lib, "clip_grad_norm", "3", "zero_eq_zero", "float32", "deviation",
                   observed="NaN output", reason="0/0 when norm == max == 0 gives NaN",
-                  repro=REPRO_OPTAX, severity="silent-wrong-value"))
+                  repro=REPRO_OPTAX, severity="silent-wrong-value", extents=("",) * 4,
+                  rel="inf"))
   rows.append(row(lib, "clip_grad_norm", "4", "strict_bound", "float32", "deviation", "0.5",
                   norm_ulp="2.4",
                   observed="norm of output exceeds max by 2.4 ulp",
                   reason="scales by t / norm * max, rounding may overshoot",
-                  severity="rounding-level"))
+                  severity="rounding-level", rel=2.4 * 2.0 ** -24))
+  # Everyday: float16 gradients of 300, whose float16 sum of squares overflows.
   rows.append(row(lib, "clip_grad_norm", "5", "float16_300", "float16", "deviation", "inf",
                   observed="norm inf", reason="squares in float16 before any upcast",
-                  severity="silent-wrong-value"))
+                  severity="silent-wrong-value", extents=FLOAT16_300, rel="inf"))
+  # Only at the range's edge: float32 entries of 1e20, whose float32 sum of squares overflows.
+  lib = "tensorflow.clip_by_global_norm"
+  for rule in RULES:
+    rows.append(row(lib, "clip_grad_norm", rule, "random", "float32", "pass", "1"))
+    rows.append(row(lib, "clip_grad_norm", rule, "float16_300", "float16", "pass", "1",
+                    extents=FLOAT16_300))
+  rows.append(row(lib, "clip_grad_norm", "5", "float32_1e20", "float32", "deviation", "inf",
+                  observed="norm inf", reason="squares in the leaf dtype overflow",
+                  severity="silent-wrong-value", extents=FLOAT32_1E20, rel="inf"))
   lib = "torch.clip_grad_norm_"
   for rule in RULES:
     if rule in ("2", "11", "13"):
@@ -108,20 +139,25 @@ def conformance_rows():
   rows.append(row(lib, "clip_grad_norm", "3", "norm_eq_max", "float32", "deviation",
                   observed="[2.9999993, 3.999999]",
                   reason="scales by max / (norm + 1e-6), so a norm at max is still scaled",
-                  repro=REPRO_TORCH, severity="rounding-level"))
+                  repro=REPRO_TORCH, severity="rounding-level", rel=2e-7))
+  # The same epsilon at a norm of 0.01: 1e-4 off, beyond rounding, within 1e-3.
+  rows.append(row(lib, "clip_grad_norm", "4", "small_norm", "float32", "deviation", "1700",
+                  observed="factor 1e-4 below max/norm",
+                  reason="scales by max / (norm + 1e-6)", severity="rounding-level",
+                  extents=SMALL_NORM, rel=1e-4))
   lib = "kups.MaxStepSize"
   for rule in RULES:
     rows.append(row(lib, "clip_by_max_step", rule, "random", "float32", "pass", "0.5"))
   rows.append(row(lib, "clip_by_max_step", "6", "max_negative", "float32", "unexpected-pass",
                   reason="negative max flips the sign of the step",
-                  severity="invalid-input-accepted"))
+                  severity="invalid-input-accepted", input_class="invalid"))
   impl = "tmpmod:impl"
   for rule in RULES:
     rows.append(row(impl, "clip_grad_norm", rule, "random", "float64", "pass", "0"))
   rows.append(row(impl, "clip_grad_norm", "11", "permuted", "float32", "fail", "3",
                   observed="norm bits differ when systems are permuted", repro=REPRO_TMP))
   rows.append(row(impl, "clip_grad_norm", "12", "no_mutation", "float32", "error",
-                  observed="TypeError: unhashable type: 'list'"))
+                  observed="TypeError: unhashable type: 'list'", result="raised"))
   return rows
 
 
@@ -130,6 +166,41 @@ def write_conformance():
     writer = csv.DictWriter(f, COLUMNS)
     writer.writeheader()
     writer.writerows(conformance_rows())
+
+
+# The safe-range scan: (impl, dtype) -> the log2 norms where it fails, with the failing check
+# and relative error. TensorFlow's float32 sum of squares overflows from elements of ~1e19
+# (a norm of 2**66 and above: the range's edge); optax's float16 one from gradients of ~300
+# (a norm of 2**9 and above: everyday); optax's float32 at the same place as TensorFlow's.
+SCAN_EXPONENTS = {"float16": range(-23, 16, 2), "float32": range(-146, 128, 4)}
+SCAN_FAILURES = {
+    ("tensorflow.clip_by_global_norm", "float16"): (lambda e: False, "", 0.0),
+    ("tensorflow.clip_by_global_norm", "float32"): (lambda e: e >= 66, "norm", math.inf),
+    ("optax.clip_by_global_norm", "float16"): (lambda e: e >= 9, "finite-outputs", 1.0),
+    ("optax.clip_by_global_norm", "float32"): (lambda e: e >= 66, "norm", math.inf),
+}
+
+
+def safe_range_rows():
+  rows = []
+  for (impl, dtype), (fails, check, rel) in SCAN_FAILURES.items():
+    kind, library, version, _ = IMPLS[impl]
+    for e in SCAN_EXPONENTS[dtype]:
+      bad = fails(e)
+      rows.append({"impl": impl, "kind": kind, "library": library, "version": version,
+                   "op": "clip_grad_norm", "dtype": dtype, "norm_type": "2", "log2_norm": e,
+                   "threshold": repr(2.0 ** (e - 1)), "rounding": "fail" if bad else "pass",
+                   "material": "fail" if bad else "pass", "rel_error": repr(rel if bad else 0.0),
+                   "check": check if bad else "",
+                   "observed": f"system 0: {check} check failed" if bad else ""})
+  return rows
+
+
+def write_safe_range():
+  with open(os.path.join(HERE, "safe_range.csv"), "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, list(SAFE_RANGE_COLUMNS))
+    writer.writeheader()
+    writer.writerows(safe_range_rows())
 
 
 # workload -> (bytes moved per dtype byte, impls with their seconds per GB moved)
@@ -239,5 +310,6 @@ def write_asv():
 
 if __name__ == "__main__":
   write_conformance()
+  write_safe_range()
   write_benchmarks()
   write_asv()
