@@ -125,6 +125,9 @@ def main() -> None:
         f"{read / 1e9:.1f} GB/s ({os.cpu_count()} threads)")
   print("memory floor, in roofline units (the roofline is 1):")
   for workload in workloads.WORKLOADS:
+    if workloads.host_skip_reason(workload, "cpu", 1.0):
+      print(f"  {workload.name:26s} -     (sized for a GPU)")
+      continue
     inputs = workload.build(1.0, "float32")
     ids = sum(int(s.nbytes) for s in inputs.segments or ())
     reads = 0 if workload.per_system else 1

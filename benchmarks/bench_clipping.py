@@ -1,10 +1,11 @@
 """asv benchmarks of the clipping operations: one class per operation family and device.
 
 Each class is a dense grid, impl x workload x dtype x device (``grid.params``, derived from
-the registry), its ``...Track`` twin records the roofline ratio and the ulp error of the same
-points. Loading a point and sharing its figures between asv's processes is ``grid_point``'s;
-the metrics, the time budget and the environment switches are described in README.md
-(Benchmarks).
+the registry; the tracked implementations unless ``CLIPBENCH_ASV_IMPLS`` says otherwise), its
+``...Track`` twin records the peak memory, the roofline ratio and the ulp error of the same
+points. asv starts one process per point and metric: only ``time_clip``'s loads a framework,
+and hands the Track figures on through the run's folder (``grid_point``). The metrics, the
+time budget and the environment switches are described in README.md (Benchmarks).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class _RunCache:
 
 
 class _Speed(_RunCache):
-  """Time and peak memory of one call; records the Track figures after the measurement."""
+  """Time of one call; records the Track figures after the measurement."""
 
   param_names = PARAM_NAMES
   timeout = grid_point.TIMEOUT_SECONDS
@@ -39,22 +40,25 @@ class _Speed(_RunCache):
   def time_clip(self, run: Run, impl: str, workload: str, dtype: str, device: str) -> None:
     self.case.runner(self.prepared)
 
-  def peakmem_clip(self, run: Run, impl: str, workload: str, dtype: str, device: str) -> None:
-    self.case.runner(self.prepared)
-
   def teardown(self, run: Run, impl: str, workload: str, dtype: str, device: str) -> None:
-    # After asv read the result (peak memory included), so the extra calls are not counted.
+    # After asv read the time, so the extra calls are not counted.
     grid_point.record_figures(run, getattr(self, "case", None))
 
 
 class _Track(_RunCache):
-  """Roofline ratio and ulp error, read from the run's figures (measured here when missing)."""
+  """Peak memory, roofline ratio and ulp error, read from the run's figures (measured here when
+  missing)."""
 
   param_names = PARAM_NAMES
   timeout = grid_point.TIMEOUT_SECONDS
 
   def setup(self, run: Run, impl: str, workload: str, dtype: str, device: str) -> None:
     self.figures = grid_point.recorded_or_skip(run, impl, workload, dtype, device)
+
+  def track_peak_rss(self, run: Run, impl: str, workload: str, dtype: str, device: str) -> float:
+    return grid_point.peak_rss(run, self.figures, impl, workload, dtype, device)
+
+  track_peak_rss.unit = "bytes"
 
   def track_roofline_ratio(self, run: Run, impl: str, workload: str, dtype: str,
                            device: str) -> float:
@@ -69,83 +73,40 @@ class _Track(_RunCache):
   track_max_ulp_error.unit = "ulp"
 
 
-class GlobalCpu(_Speed):
-  """Global L2 clipping on the CPU (W1-model, W4-many-small)."""
-  params = grid.params("global", "cpu")
+# (class name, family, device, docstring): a speed class and its Track twin each.
+CLASSES = (
+    ("GlobalCpu", "global", "cpu", "Global L2 clipping on the CPU (W1-model, W4-many-small)."),
+    ("GlobalCuda", "global", "cuda", "Global L2 clipping on a CUDA GPU."),
+    ("PNormCpu", "pnorm", "cpu",
+     "Global p-norm clipping, p = 1, 3, inf, on the CPU (implementations accepting any p)."),
+    ("PNormCuda", "pnorm", "cuda", "Global p-norm clipping on a CUDA GPU."),
+    ("PerSystemCpu", "per_system", "cpu",
+     "Per-system L2 clipping with segments on the CPU (W2, W3, W5, W6)."),
+    ("PerSystemCuda", "per_system", "cuda", "Per-system L2 clipping on a CUDA GPU."),
+    ("MaxStepCpu", "max_step", "cpu", "Per-system max-step clipping on the CPU (W2, W3, W5, W6)."),
+    ("MaxStepCuda", "max_step", "cuda", "Per-system max-step clipping on a CUDA GPU."),
+)
 
 
-class GlobalCpuTrack(_Track):
-  params = grid.params("global", "cpu")
+def _define_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
+  """The speed and Track classes of the grid, as module attributes for asv to discover.
+
+  A class whose grid has no implementation (``CLIPBENCH_ASV_IMPLS`` named none of its
+  family and device) is left out: asv cannot check a benchmark without parameter sets.
+  """
+  speed, track = [], []
+  for name, family, device, doc in CLASSES:
+    params = grid.params(family, device)
+    if not params[0]:
+      continue
+    for base, cls_name, out in ((_Speed, name, speed), (_Track, name + "Track", track)):
+      cls = type(cls_name, (base,), {"__doc__": doc, "params": params, "__module__": __name__})
+      globals()[cls_name] = cls
+      out.append(cls)
+  return tuple(speed), tuple(track)
 
 
-class GlobalCuda(_Speed):
-  """Global L2 clipping on a CUDA GPU."""
-  params = grid.params("global", "cuda")
-
-
-class GlobalCudaTrack(_Track):
-  params = grid.params("global", "cuda")
-
-
-class PNormCpu(_Speed):
-  """Global p-norm clipping, p = 1, 3, inf, on the CPU (implementations accepting any p)."""
-  params = grid.params("pnorm", "cpu")
-
-
-class PNormCpuTrack(_Track):
-  params = grid.params("pnorm", "cpu")
-
-
-class PNormCuda(_Speed):
-  """Global p-norm clipping on a CUDA GPU."""
-  params = grid.params("pnorm", "cuda")
-
-
-class PNormCudaTrack(_Track):
-  params = grid.params("pnorm", "cuda")
-
-
-class PerSystemCpu(_Speed):
-  """Per-system L2 clipping with segments on the CPU (W2-relax, W3-relax-large)."""
-  params = grid.params("per_system", "cpu")
-
-
-class PerSystemCpuTrack(_Track):
-  params = grid.params("per_system", "cpu")
-
-
-class PerSystemCuda(_Speed):
-  """Per-system L2 clipping on a CUDA GPU."""
-  params = grid.params("per_system", "cuda")
-
-
-class PerSystemCudaTrack(_Track):
-  params = grid.params("per_system", "cuda")
-
-
-class MaxStepCpu(_Speed):
-  """Per-system max-step clipping on the CPU (W2/W3-relax max-step)."""
-  params = grid.params("max_step", "cpu")
-
-
-class MaxStepCpuTrack(_Track):
-  params = grid.params("max_step", "cpu")
-
-
-class MaxStepCuda(_Speed):
-  """Per-system max-step clipping on a CUDA GPU."""
-  params = grid.params("max_step", "cuda")
-
-
-class MaxStepCudaTrack(_Track):
-  params = grid.params("max_step", "cuda")
-
-
-SPEED_CLASSES: tuple[type, ...] = (GlobalCpu, GlobalCuda, PNormCpu, PNormCuda, PerSystemCpu,
-                                   PerSystemCuda, MaxStepCpu, MaxStepCuda)
-TRACK_CLASSES: tuple[type, ...] = (GlobalCpuTrack, GlobalCudaTrack, PNormCpuTrack,
-                                   PNormCudaTrack, PerSystemCpuTrack, PerSystemCudaTrack,
-                                   MaxStepCpuTrack, MaxStepCudaTrack)
+SPEED_CLASSES, TRACK_CLASSES = _define_classes()
 
 
 class Machine(_RunCache):

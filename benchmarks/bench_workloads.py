@@ -83,6 +83,9 @@ def test_clip(benchmark, case: tuple[str, str, str, str], bench_scale: float,
   reason = grid.static_skip_reason(impl_name, workload_name, dtype, device)
   if reason:
     pytest.skip(reason)
+  reason = workloads.host_skip_reason(workload, device, bench_scale)
+  if reason:
+    pytest.skip(reason)
   inputs = _inputs(workload_name, bench_scale, dtype)
   prepared = timing.prepare(impl, workload, inputs, device)
   run = timing.timed_runner(impl, prepared)

@@ -228,6 +228,10 @@ class Row:
 def count_case(impl_name: str, workload_name: str, dtype: str = "float32",
                scale: float = 1.0) -> Row:
   """The costs of one call of ``impl_name`` on the workload (warmed up once, uncounted)."""
+  workload = workloads.get(workload_name)
+  host_reason = workloads.host_skip_reason(workload, "cpu", scale)
+  if host_reason:
+    return Row(impl_name, workload_name, dtype, 0, 0, None, host_reason)
   impl, workload, reason = timing.load_case(impl_name, workload_name, dtype, "cpu")
   inputs = workload.build(scale, dtype)
   systems = inputs.num_systems or 1

@@ -1,11 +1,12 @@
 """One point of the asv grids (impl x workload x dtype x device), as asv's processes use it.
 
-asv starts a fresh process per grid point and metric and re-runs ``setup`` around every timed
-call (asv#966), so a point is loaded, its inputs built and converted and its call warmed up
-once per process (``load``). The first speed process of a point measures the Track figures
-after asv has read its own (``record_figures``) and leaves them in the run's folder
-(``run_folder``); the Track processes read them, or measure by themselves when they find none.
-Every reason a point cannot run becomes asv's ``SkipNotImplemented``.
+asv starts a process per grid point and metric (a fork of its server, which loaded no
+framework) and re-runs ``setup`` around every timed call (asv#966), so a point is loaded, its
+inputs built and converted and its call warmed up once per process (``load``). Only the speed
+process of a point (``time_clip``) loads it: after asv has read its time, it measures the
+Track figures, its own peak memory first (``record_figures``), and leaves them in the run's
+folder (``run_folder``); the Track processes read them, or measure by themselves when they
+find none. Every reason a point cannot run becomes asv's ``SkipNotImplemented``.
 """
 
 from __future__ import annotations
@@ -141,17 +142,18 @@ class Loaded:
   device: str
   inputs: workloads.WorkloadInputs
   runner: Callable[[calling.Prepared], object]
-  warm: calling.Prepared | None  # the warmed-up preparation, None for in-place clipping
+  warm: calling.Prepared  # the warmed-up preparation (refilled before each in-place call)
 
   @property
   def point(self) -> Point:
     return (self.impl.name, self.workload.name, self.dtype, self.device)
 
   def fresh(self) -> calling.Prepared:
-    """Arguments for one call: the warm ones, or new conversions when clipping in place."""
-    if self.warm is not None:
-      return self.warm
-    return timing.prepare(self.impl, self.workload, self.inputs, self.device)
+    """Arguments for one call: the warm ones; when clipping in place, the same leaves refilled
+    with the inputs' values (untimed), as a training loop's gradients are every step."""
+    if self.impl.capabilities.in_place:
+      timing.refill_in_place(self.warm, self.inputs)
+    return self.warm
 
 
 _LOADED: dict[tuple[str, str, str, str, float], Loaded] = {}
@@ -170,9 +172,7 @@ def load(impl_name: str, workload_name: str, dtype: str, device: str,
     prepared = timing.prepare(impl, workload, inputs, device)
     runner = timing.timed_runner(impl, prepared)
     runner(prepared)  # jit compilation and first-touch allocations, untimed
-    # The warm-up clipped in-place leaves: those are never timed again.
-    warm = None if impl.capabilities.in_place else prepared
-    case = Loaded(impl, workload, dtype, device, inputs, runner, warm)
+    case = Loaded(impl, workload, dtype, device, inputs, runner, prepared)
     _LOADED[key] = case
   return case
 
@@ -189,16 +189,10 @@ def load_for_speed(run: Run, *point: str) -> Loaded:
 
 
 def median_seconds(case: Loaded) -> float:
-  """Median time of the timed call, every call on fresh inputs when clipping in place."""
-  if case.warm is not None:
-    warm = case.warm
-    return timing.median_call_seconds(lambda: case.runner(warm))
-  state: dict[str, calling.Prepared] = {}
-
-  def reset() -> None:
-    state["prepared"] = case.fresh()
-
-  return timing.median_call_seconds(lambda: case.runner(state["prepared"]), reset)
+  """Median time of the timed call, every call on refilled inputs when clipping in place."""
+  warm = case.warm
+  reset = case.fresh if case.impl.capabilities.in_place else None
+  return timing.median_call_seconds(lambda: case.runner(warm), reset)
 
 
 def max_ulp_error(impl: Implementation, workload: workloads.Workload, dtype: str,
@@ -229,19 +223,34 @@ def read_figures(run: Run | None, *point: str) -> dict[str, Any] | None:
   return run_folder.read_figures(_run_dir(run), point, asv_scale())
 
 
+def peak_rss_bytes() -> int | None:
+  """This process's peak resident set size in bytes (what asv's ``peakmem_`` benchmarks read),
+  or None where Python has no ``resource`` module (Windows)."""
+  try:
+    import resource  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak if sys.platform == "darwin" else peak * 1024  # Linux counts KiB, macOS bytes
+
+
 _RECORDED: set[Point] = set()  # points this process has recorded (or tried to)
 
 
 def record_figures(run: Run | None, case: Loaded | None) -> None:
-  """Measures the Track figures of a loaded point once per run, unless already recorded."""
+  """Measures the Track figures of a loaded point once per run, unless already recorded.
+
+  The peak memory is read first: the calls that measure the other figures are not the point's.
+  """
   run_dir = _run_dir(run)
   if case is None or not run_dir or case.point in _RECORDED:
     return
   _RECORDED.add(case.point)
   if read_figures(run, *case.point) is not None:
     return
+  peak = peak_rss_bytes()
   try:
-    figures = {"median_seconds": median_seconds(case),
+    figures = {"peak_rss_bytes": peak, "median_seconds": median_seconds(case),
                "bytes_moved": workloads.bytes_moved(case.inputs),
                "max_ulp_error": max_ulp_error(case.impl, case.workload, case.dtype, case.device)}
   except Exception:  # pylint: disable=broad-except
@@ -272,6 +281,20 @@ def roofline_ratio(run: Run, figures: dict[str, Any], *point: str) -> float:
     case = load(*point, run_dir=_run_dir(run))
     seconds, nbytes = median_seconds(case), workloads.bytes_moved(case.inputs)
   return bandwidth.roofline_ratio(seconds, nbytes, run["bandwidth_bytes"])
+
+
+def peak_rss(run: Run, figures: dict[str, Any], *point: str) -> float:
+  """Peak memory of the point's speed process: from ``figures``, else of this process after
+  loading the point and one call, as a ``peakmem_`` benchmark of its own would read it."""
+  if "peak_rss_bytes" in figures:
+    peak = figures["peak_rss_bytes"]
+  else:
+    case = load(*point, run_dir=_run_dir(run))
+    case.runner(case.fresh())
+    peak = peak_rss_bytes()
+  if peak is None:
+    raise SkipNotImplemented("no peak memory here: Python has no resource module")
+  return float(peak)
 
 
 def ulp_error(figures: dict[str, Any], *point: str) -> float:

@@ -29,7 +29,7 @@ Point = tuple[str, str, str, str]
 def atomic_write(path: str, write: Callable[[Any], None]) -> None:
   """Writes ``path`` through a temporary file and a rename: readers see all of it or nothing.
 
-  (Not ``clipbench.files``: it imports pandas, a cost in every spawned process, and fsyncs,
+  (Not ``clipbench.files``: it imports pandas, a cost in every benchmark process, and fsyncs,
   which a scratch folder deleted at the end of the run does not need.)
   """
   folder = os.path.dirname(path)

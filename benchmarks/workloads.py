@@ -22,6 +22,12 @@ The workloads (scale 1.0):
 * ``W6-one-giant``: one system of 4,000,000 atoms, positions ``(n, 3)`` with ``segments`` all
   zero and a ``(1, 3, 3)`` cell, ``num_systems=1``: a per-system call whose work is one run.
 * ``W5-many-tiny-max-step``, ``W6-one-giant-max-step``: ``clip_by_max_step`` on those leaves.
+* ``W7-model-gpu``: as W1 at a GPU's size, 400 leaves and 1.5 billion elements (6 GB in
+  float32), the gradient of a 1.5B-parameter model; ``W8-relax-gpu`` and
+  ``W8-relax-gpu-max-step``: as W2 with 1,000,000 systems of 10-200 atoms (about 1.3 GB in
+  float32), a batched relaxation on one card. These are *GPU-sized*: on the CPU a run skips
+  them with its reason unless ``scale`` brings them within :data:`HOST_MAX_ELEMENTS`
+  (:func:`host_skip_reason`).
 
 Every threshold is chosen so that clipping happens: half the global norm for W1/W4, the median
 system norm (or step norm) for W2/W3/W5, so about half of the systems are clipped and half are
@@ -65,6 +71,13 @@ _ATOMS_RANGE = (10, 500)  # inclusive
 _TINY_SYSTEMS = 100_000
 _TINY_ATOMS_RANGE = (2, 8)  # inclusive
 _GIANT_ATOMS = 4_000_000
+_GPU_MODEL_ELEMENTS = 1_500_000_000
+_GPU_MODEL_LEAVES = 400
+_GPU_RELAX_SYSTEMS = 1_000_000
+_GPU_ATOMS_RANGE = (10, 200)
+# The largest workload a CPU run builds (W1's 16M elements, twice over): a GPU-sized one past
+# it needs a scale (gigabytes of host memory and minutes of drawing otherwise).
+HOST_MAX_ELEMENTS = 1 << 25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +123,7 @@ class Workload:
     norm_type: p of the norm (known without building, so callers can skip early).
     per_system: the inputs carry ``segments`` (more than one system).
     full_elements: number of leaf elements at ``scale=1`` (approximate for W2/W3).
+    gpu_sized: sized for a GPU: a CPU run needs a scale (``host_skip_reason``).
   """
 
   name: str
@@ -120,6 +134,7 @@ class Workload:
   norm_type: float = 2.0
   per_system: bool = False
   full_elements: int = 0
+  gpu_sized: bool = False
 
   def build(self, scale: float = 1.0, dtype: str = "float32") -> WorkloadInputs:
     return self.builder(scale, dtype, self.seed)
@@ -131,6 +146,22 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return _NUMPY_DTYPES[dtype]
   except KeyError:
     raise ValueError(f"dtype: expected one of {sorted(_NUMPY_DTYPES)}, got {dtype!r}") from None
+
+
+def host_scale_limit(workload: Workload) -> float:
+  """The largest scale at which a CPU run builds ``workload`` (1 for all but the GPU-sized)."""
+  if not workload.gpu_sized:
+    return 1.0
+  return HOST_MAX_ELEMENTS / workload.full_elements
+
+
+def host_skip_reason(workload: Workload, device: str, scale: float) -> str | None:
+  """Why a run on ``device`` at ``scale`` leaves the GPU-sized ``workload`` out, or None."""
+  limit = host_scale_limit(workload)
+  if device != "cpu" or scale <= limit:
+    return None
+  return (f"{workload.name} is sized for a GPU ({workload.full_elements:,} elements); on the "
+          f"CPU it runs at a scale of at most {limit:.3g}")
 
 
 def bytes_moved(inputs: WorkloadInputs) -> int:
@@ -180,11 +211,13 @@ def _lognormal_sizes(rng: np.random.Generator, count: int, total: int,
   return sizes
 
 
-def build_model(scale: float, dtype: str, seed: int, *, norm_type: float = 2.0) -> WorkloadInputs:
-  """W1: 200 leaves, log-normal sizes, 2**24 * scale elements; threshold half the norm."""
+def build_model(scale: float, dtype: str, seed: int, *, norm_type: float = 2.0,
+                leaves: int = _MODEL_LEAVES, elements: int = _MODEL_ELEMENTS) -> WorkloadInputs:
+  """W1 (W7): 200 (400) leaves, log-normal sizes, 2**24 (1.5e9) * scale elements; threshold
+  half the norm."""
   np_dtype = numpy_dtype(dtype)
   rng = np.random.default_rng(seed)
-  sizes = _lognormal_sizes(rng, _MODEL_LEAVES, _scaled_count(_MODEL_ELEMENTS, scale))
+  sizes = _lognormal_sizes(rng, leaves, _scaled_count(elements, scale))
   # Per-leaf gradient scales spread over two decades, as between layers of a network.
   sigmas = 10.0 ** rng.uniform(-3.0, -1.0, sizes.size)
   leaves = tuple(_normal(rng, (int(n),), float(s), np_dtype) for n, s in zip(sizes, sigmas))
@@ -274,14 +307,15 @@ def _model(name: str, p: float, label: str) -> Workload:
 
 
 def _relax(name: str, op: str, systems: int, seed: int, what: str,
-           atoms_range: tuple[int, int] = _ATOMS_RANGE) -> Workload:
+           atoms_range: tuple[int, int] = _ATOMS_RANGE, gpu_sized: bool = False) -> Workload:
   build = build_relax if op == "clip_by_global_norm" else build_relax_max_step
   low, high = atoms_range
   return Workload(
       name, op,
       f"{what}: {systems:,} systems of {low}-{high} atoms, positions (n,3) + cell (S,3,3)",
       functools.partial(build, num_systems=systems, atoms_range=atoms_range), seed=seed,
-      per_system=True, full_elements=_mean_relax_elements(systems, atoms_range))
+      per_system=True, full_elements=_mean_relax_elements(systems, atoms_range),
+      gpu_sized=gpu_sized)
 
 
 def _giant(name: str, op: str, what: str) -> Workload:
@@ -309,6 +343,15 @@ WORKLOADS: tuple[Workload, ...] = (
            _TINY_ATOMS_RANGE),
     _giant("W6-one-giant", "clip_by_global_norm", "per-system L2"),
     _giant("W6-one-giant-max-step", "clip_by_max_step", "per-system max-step"),
+    Workload("W7-model-gpu", "clip_grad_norm",
+             "global L2: 400 leaves, log-normal sizes, 1.5 billion elements (GPU-sized)",
+             functools.partial(build_model, leaves=_GPU_MODEL_LEAVES,
+                               elements=_GPU_MODEL_ELEMENTS), seed=7,
+             full_elements=_GPU_MODEL_ELEMENTS, gpu_sized=True),
+    _relax("W8-relax-gpu", "clip_by_global_norm", _GPU_RELAX_SYSTEMS, 8,
+           "per-system L2 (GPU-sized)", _GPU_ATOMS_RANGE, gpu_sized=True),
+    _relax("W8-relax-gpu-max-step", "clip_by_max_step", _GPU_RELAX_SYSTEMS, 8,
+           "per-system max-step (GPU-sized)", _GPU_ATOMS_RANGE, gpu_sized=True),
 )
 
 NAMES: tuple[str, ...] = tuple(w.name for w in WORKLOADS)

@@ -53,6 +53,10 @@ class Entry:
       timed.
     slow: ``(workload, why)`` pairs of cases too slow to set up or call within an asv run's
       budget on a CPU; skipped with ``why`` unless asked for.
+    tracked: in the default asv grid, the one sized for tracking commits (``benchmarks/grid.py``):
+      our own implementations, and per framework and family the library or plain code users
+      would pick instead. The others are timed by ``clipbench bench`` and ``clipbench report``,
+      and by asv with ``CLIPBENCH_ASV_IMPLS``.
   """
 
   name: str
@@ -64,6 +68,7 @@ class Entry:
   devices: tuple[str, ...] = ("cpu",)
   families: frozenset[str] = frozenset()
   slow: tuple[tuple[str, str], ...] = ()
+  tracked: bool = False
 
   def __post_init__(self) -> None:
     if self.kind not in KINDS:
@@ -77,6 +82,9 @@ class Entry:
     if not set(self.families) <= set(FAMILIES):
       raise ValueError(f"families: expected a subset of {FAMILIES}, got "
                        f"{sorted(self.families)!r} ({self.name})")
+    if self.tracked and not self.families:
+      raise ValueError(f"tracked: an entry timed on no family has no point in the asv grid "
+                       f"({self.name})")
 
   @property
   def slow_workloads(self) -> frozenset[str]:
@@ -111,17 +119,18 @@ _SLOW_BRAINSTATE_W4 = (("W4-many-small", "its first call compiles for 16 s on W4
 
 def _own(name: str, target: str, library: str, framework: str, description: str, *,
          devices: tuple[str, ...] = _CPU_CUDA, slow: tuple[tuple[str, str], ...] = ()) -> Entry:
-  """One of our implementations: timed on every family."""
+  """One of our implementations: timed on every family, tracked by asv."""
   return Entry(name, target, library, "own", description, framework=framework,
-               devices=devices, families=_ALL, slow=slow)
+               devices=devices, families=_ALL, slow=slow, tracked=True)
 
 
 def _adapter(name: str, target: str, library: str, framework: str, description: str, *,
              families: frozenset[str] = _GLOBAL, devices: tuple[str, ...] = _CPU,
-             slow: tuple[tuple[str, str], ...] = ()) -> Entry:
+             slow: tuple[tuple[str, str], ...] = (), tracked: bool = False) -> Entry:
   """A thin adapter over a library's public API; ``target`` within ``impls/adapters``."""
   return Entry(name, "clipbench.impls.adapters." + target, library, "library", description,
-               framework=framework, devices=devices, families=families, slow=slow)
+               framework=framework, devices=devices, families=families, slow=slow,
+               tracked=tracked)
 
 
 BUILTIN: tuple[Entry, ...] = (
@@ -145,13 +154,13 @@ BUILTIN: tuple[Entry, ...] = (
          devices=("cuda",)),
     # Thin adapters over the libraries' public APIs.
     _adapter("optax.clip_by_global_norm", "optax_adapter:clip_by_global_norm", "optax", "jax",
-             "optax.clip_by_global_norm(max_norm).update"),
+             "optax.clip_by_global_norm(max_norm).update", tracked=True),
     _adapter("torch.clip_grad_norm_", "torch_adapter:clip_grad_norm_", "torch", "torch",
              "torch.nn.utils.clip_grad_norm_(foreach=False) on .grad of parameters",
              families=_GLOBAL_AND_P, devices=_CPU_CUDA),
     _adapter("torch.clip_grad_norm_.foreach", "torch_adapter:clip_grad_norm_foreach", "torch",
              "torch", "torch.nn.utils.clip_grad_norm_(foreach=True)", families=_GLOBAL_AND_P,
-             devices=_CPU_CUDA),
+             devices=_CPU_CUDA, tracked=True),
     _adapter("torch.clip_grads_with_norm_", "torch_adapter:clip_grads_with_norm_", "torch",
              "torch", "torch.nn.utils.get_total_norm + clip_grads_with_norm_",
              families=_GLOBAL_AND_P, devices=_CPU_CUDA),
@@ -159,10 +168,10 @@ BUILTIN: tuple[Entry, ...] = (
              "tensorflow-cpu", "tensorflow", "tf.clip_by_global_norm"),
     _adapter("kups.ClipByGlobalNorm", "kups_adapter:clip_by_global_norm", "kups", "jax",
              "kups.relaxation.transforms.ClipByGlobalNorm through kups' Index",
-             families=frozenset({"global", "per_system"}), slow=_SLOW_KUPS_W4),
+             families=frozenset({"global", "per_system"}), slow=_SLOW_KUPS_W4, tracked=True),
     _adapter("kups.MaxStepSize", "kups_adapter:max_step_size", "kups", "jax",
              "kups.relaxation.transforms.MaxStepSize through kups' Index",
-             families=frozenset({"max_step"})),
+             families=frozenset({"max_step"}), tracked=True),
     _adapter("brainstate.clip_grad_norm", "brainstate_adapter:clip_grad_norm", "brainstate",
              "jax", "brainstate.nn.clip_grad_norm(return_norm=True)", families=_GLOBAL_AND_P,
              slow=_SLOW_BRAINSTATE_W4),
@@ -211,11 +220,11 @@ BUILTIN: tuple[Entry, ...] = (
     # only (it also clips globally, but jitted over W4's 10,000 leaves it compiles for minutes).
     Entry("baseline.jax-segment-sum", "clipbench.impls.baselines.jax_segment_sum", "jax",
           "baseline", "plain jax.ops.segment_sum / segment_max clipping under jax.jit",
-          framework="jax", families=_PER_SYSTEM),
+          framework="jax", families=_PER_SYSTEM, tracked=True),
     # Its torch twin, eager: the bar of the own torch kernels on W2/W3 and max-step (issue 17).
     Entry("baseline.torch-index-add", "clipbench.impls.baselines.torch_index_add", "torch",
           "baseline", "plain torch index_add_ / scatter_reduce_ clipping, eager",
-          framework="torch", devices=_CPU_CUDA, families=_PER_SYSTEM),
+          framework="torch", devices=_CPU_CUDA, families=_PER_SYSTEM, tracked=True),
 )
 
 

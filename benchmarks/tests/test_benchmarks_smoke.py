@@ -176,7 +176,7 @@ def test_summarize(tmp_path: pathlib.Path) -> None:
 # One CPU case per family, quick to compile (W1's 200 leaves take seconds to minutes of XLA
 # compile under jax.jit); implementations not available here are skipped.
 ASV_CASES = [
-    ("global", "torch.clip_grad_norm_", "W4-many-small"),
+    ("global", "torch.clip_grad_norm_.foreach", "W4-many-small"),
     ("pnorm", "torch.clip_grad_norm_.foreach", "W1-model-p3"),
     ("max_step", "clipbench.numba", "W3-relax-large-max-step"),
     ("max_step", "clipbench.torch", "W2-relax-max-step"),
@@ -221,7 +221,8 @@ def test_asv_classes_run_once(family: str, impl: str, workload: str, tiny_run: d
   assert all(p in values for p, values in zip(params, speed_cls.params))
   speed = speed_cls()
   _setup_or_skip(speed, tiny_run, *params)
-  speed.peakmem_clip(tiny_run, *params)
+  speed.time_clip(tiny_run, *params)
+  peak_after_call = grid_point.peak_rss_bytes()
   speed.teardown(tiny_run, *params)  # records the Track figures, as after asv's reading
   speed.setup(tiny_run, *params)  # asv re-runs setup before each timed call
   speed.time_clip(tiny_run, *params)
@@ -229,6 +230,8 @@ def test_asv_classes_run_once(family: str, impl: str, workload: str, tiny_run: d
   figures = grid_point.read_figures(tiny_run, *params)
   assert figures is not None and figures["median_seconds"] > 0 and figures["bytes_moved"] > 0
   assert figures["max_ulp_error"] >= 0
+  # The peak memory is this process's, read once, after the timed call.
+  assert 0 < peak_after_call <= figures["peak_rss_bytes"] <= grid_point.peak_rss_bytes()
 
   # The Track processes read the recorded figures without loading the implementation.
   track = track_cls()
@@ -238,14 +241,17 @@ def test_asv_classes_run_once(family: str, impl: str, workload: str, tiny_run: d
     track.setup(tiny_run, *params)
     ratio = track.track_roofline_ratio(tiny_run, *params)
     ulp = track.track_max_ulp_error(tiny_run, *params)
+    peak = track.track_peak_rss(tiny_run, *params)
   assert ratio == pytest.approx(bandwidth.roofline_ratio(
       figures["median_seconds"], figures["bytes_moved"], tiny_run["bandwidth_bytes"]))
   assert ulp == figures["max_ulp_error"]
+  assert peak == figures["peak_rss_bytes"]
 
   # Without recorded figures (no run folder) they measure by themselves, the same way.
   alone = {"bandwidth_bytes": tiny_run["bandwidth_bytes"], "run_dir": None}
   track = track_cls()
   track.setup(alone, *params)
+  assert track.track_peak_rss(alone, *params) > 0
   assert track.track_roofline_ratio(alone, *params) > 0
   assert track.track_max_ulp_error(alone, *params) == ulp  # fixed input: same bits
   machine = bench_clipping.Machine()

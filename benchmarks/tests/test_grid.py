@@ -26,13 +26,18 @@ from clipbench.impls import registry
 
 def test_grid_matches_workloads_and_registry() -> None:
   assert grid.ALL_DTYPES == workloads.DTYPES and grid.DEVICES == timing.DEVICES
-  in_families = [w for f in grid.FAMILIES for w in f.workloads]
+  in_families = [w for f in grid.FAMILIES for w in f.workloads + f.gpu_workloads]
   assert sorted(in_families) == sorted(workloads.NAMES)  # each workload in exactly one family
+  # The GPU-sized workloads (a CPU run needs a scale for them) are timed on CUDA only.
+  assert sorted(w for f in grid.FAMILIES for w in f.gpu_workloads) == sorted(
+      w.name for w in workloads.WORKLOADS if w.gpu_sized)
   assert grid.FAMILY_NAMES == registry.FAMILIES  # the registry names them, the grid fills them
   # Every built-in implementation is timed but the exact (and slow) reference and those whose
   # entry names no family (test_registry_facts_match_declared_capabilities: none they can run).
   assert list(grid.timed_impl_names()) == [
       e.name for e in registry.BUILTIN if e.kind != "reference" and e.families]
+  assert [c.__name__ for c in bench_clipping.SPEED_CLASSES] == [
+      name for name, *_ in bench_clipping.CLASSES]
   for speed, track in zip(bench_clipping.SPEED_CLASSES, bench_clipping.TRACK_CLASSES):
     assert track.__name__ == speed.__name__ + "Track" and track.params == speed.params
     impls, names, dtypes, devices = speed.params
@@ -46,11 +51,113 @@ def test_grid_matches_workloads_and_registry() -> None:
 
 @pytest.mark.parametrize("field,value", [("kind", "vendor"), ("framework", "mxnet"),
                                          ("devices", ("tpu",)),
-                                         ("families", frozenset({"global", "sparse"}))])
+                                         ("families", frozenset({"global", "sparse"})),
+                                         ("tracked", True)])
 def test_entry_rejects_unknown_facts(field: str, value: Any) -> None:
   entry = registry.Entry("toy", "toy:impl", "toy", "library", framework="numpy")
   with pytest.raises(ValueError, match=f"^{field}: .*toy"):
     dataclasses.replace(entry, **{field: value})
+
+
+_ASV_ENV = (grid.IMPLS_ENV, grid.DTYPES_ENV, grid.SLOW_ENV, "JAX_ENABLE_X64")
+
+
+@pytest.fixture
+def default_asv_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+  """No switch of the asv grid set: the grid a plain ``asv run`` gets."""
+  for name in _ASV_ENV:
+    monkeypatch.delenv(name, raising=False)
+  return monkeypatch
+
+
+def test_default_asv_grid_is_the_tracked_entries(default_asv_env: pytest.MonkeyPatch) -> None:
+  tracked = grid.tracked_impl_names()
+  own = [e.name for e in registry.BUILTIN if e.kind == "own"]
+  assert set(own) <= set(tracked)  # a tracker exists for our own regressions first
+  # `clipbench bench` (and the report) keep the whole field: the default grid is a part of it.
+  assert set(tracked) < set(grid.timed_impl_names())
+  for family in grid.FAMILY_NAMES:
+    for device in grid.DEVICES:
+      impls = grid.params(family, device)[0]
+      assert impls == [n for n in grid.impls_for(family, device) if n in tracked]
+
+
+def test_asv_impls_switch(default_asv_env: pytest.MonkeyPatch) -> None:
+  default_asv_env.setenv(grid.IMPLS_ENV, "all")
+  assert grid.asv_impls() == grid.timed_impl_names()
+  assert grid.params("global", "cpu")[0] == grid.impls_for("global", "cpu")
+  default_asv_env.setenv(grid.IMPLS_ENV, " optax.clip_by_global_norm, clipbench.numba,,")
+  assert grid.asv_impls() == ("clipbench.numba", "optax.clip_by_global_norm")  # registry order
+  assert grid.params("global", "cpu")[0] == ["clipbench.numba", "optax.clip_by_global_norm"]
+  assert grid.params("pnorm", "cpu")[0] == ["clipbench.numba"]
+  assert grid.params("global", "cuda")[0] == []
+  for text in ("clipbench.numba,toy.clip", ",", "reference"):
+    default_asv_env.setenv(grid.IMPLS_ENV, text)
+    with pytest.raises(ValueError, match=f"^{grid.IMPLS_ENV}: .*{text.split(',')[-1]}"):
+      grid.asv_impls()
+
+
+def test_asv_leaves_out_classes_without_points() -> None:
+  # asv cannot check a class without parameter sets; the suite is imported in a process of its
+  # own, as asv does, because the classes are made at import.
+  code = ("from clipbench.benchmarks import bench_clipping as b\n"
+          "print(' '.join(c.__name__ for c in b.SPEED_CLASSES + b.TRACK_CLASSES))\n"
+          "print(hasattr(b, 'GlobalCuda'), hasattr(b, 'GlobalCudaTrack'))\n")
+  env = dict(os.environ, **{grid.IMPLS_ENV: "optax.clip_by_global_norm"})
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       timeout=120, env=env)
+  assert out.stdout.split("\n")[:2] == ["GlobalCpu GlobalCpuTrack", "False False"]
+
+
+# What one asv run of the default grid may cost (issue 34): `asv check` plus `asv run
+# --python=same --quick` within 10 minutes on 2 cores, from empty compilation caches (the
+# measured run: README.md, Tracking across commits with asv). asv forks one process per point
+# and metric; those of a speed class load, compile and time the point, which is what a run
+# costs; the others read what it recorded. New metrics come out of this budget.
+MAX_POINTS_PER_CLASS = 32
+# CUDA: the GPU-sized workloads (W7, W8) add a point per tracked implementation of their
+# family; a machine without a GPU skips every CUDA point statically (no framework loaded).
+MAX_FRAMEWORK_PROCESSES = {"cpu": 100, "cuda": 64}
+MAX_PROCESSES = 660  # the CUDA points of W7/W8 included: a static skip costs milliseconds
+
+_ASV_PREFIXES = ("time_", "timeraw_", "mem_", "peakmem_", "track_")
+
+
+def _metrics(cls: type) -> list[str]:
+  """The asv benchmarks of a class: asv starts one process per point for each."""
+  return [name for name in dir(cls) if name.startswith(_ASV_PREFIXES)]
+
+
+def asv_run_size() -> tuple[dict[str, int], dict[str, int], int]:
+  """Points per class, processes that load a framework per device, and all processes of one
+  ``asv run`` of this environment's grid, counted from the grid (asv is not run)."""
+  speed_metrics = len(_metrics(bench_clipping.SPEED_CLASSES[0]))
+  track_metrics = len(_metrics(bench_clipping.TRACK_CLASSES[0]))
+  points_per_class: dict[str, int] = {}
+  framework = dict.fromkeys(grid.DEVICES, 0)
+  processes = 1 + len(_metrics(bench_clipping.Machine))  # setup_cache and the machine's own
+  for name, family, device, _ in bench_clipping.CLASSES:
+    impls, names, dtypes, _ = grid.params(family, device)
+    points = [(impl, w, dtype, device) for impl in impls for w in names for dtype in dtypes]
+    points_per_class[name] = len(points)
+    processes += len(points) * (speed_metrics + track_metrics)
+    # A point skipped for a static reason loads nothing; the Track processes read the figures
+    # its speed process recorded (test_benchmarks_smoke.test_asv_classes_run_once).
+    loading = [p for p in points if grid.static_skip_reason(*p) is None]
+    framework[device] += len(loading) * speed_metrics
+  return points_per_class, framework, processes
+
+
+def test_default_asv_grid_fits_a_ci_job(default_asv_env: pytest.MonkeyPatch) -> None:
+  points_per_class, framework, processes = asv_run_size()
+  assert max(points_per_class.values()) <= MAX_POINTS_PER_CLASS, points_per_class
+  assert all(framework[d] <= MAX_FRAMEWORK_PROCESSES[d] for d in grid.DEVICES), framework
+  assert processes <= MAX_PROCESSES
+  # The whole field is far beyond it: the budget is what keeps a new library out by default.
+  default_asv_env.setenv(grid.IMPLS_ENV, "all")
+  points_per_class, framework, processes = asv_run_size()
+  assert max(points_per_class.values()) > MAX_POINTS_PER_CLASS
+  assert framework["cpu"] > MAX_FRAMEWORK_PROCESSES["cpu"] and processes > MAX_PROCESSES
 
 
 def _declared(name: str) -> Any:
@@ -166,13 +273,17 @@ def toy_registered(monkeypatch: pytest.MonkeyPatch, tmp_path) -> registry.Entry:
   return TOY
 
 
-def test_one_entry_adds_a_library_everywhere(toy_registered: registry.Entry) -> None:
+def test_one_entry_adds_a_library_everywhere(toy_registered: registry.Entry,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
   name = toy_registered.name
   assert name in [e.name for e in registry.all_entries()]  # what `clipbench list` walks
   listed = {impl.name: impl for impl in registry.load_many([name])}
   assert listed[name].available and listed[name].ops == ("clip_grad_norm",)
   assert registry.load(name).kind == "library" == registry.kind_of(name)
   assert name in grid.timed_impl_names()  # `clipbench bench` times it by default
+  monkeypatch.delenv(grid.IMPLS_ENV, raising=False)
+  assert name not in grid.params("global", "cpu")[0]  # asv's default grid: tracked entries
+  monkeypatch.setenv(grid.IMPLS_ENV, "all")
   assert name in grid.params("global", "cpu")[0]
   assert all(name not in grid.params(f, d)[0] for f in grid.FAMILY_NAMES for d in grid.DEVICES
              if (f, d) != ("global", "cpu"))
