@@ -155,20 +155,23 @@ def scan(impl, steps: dict[str, int] | None = None, budget_s: float = math.inf,
   ``SAFE_RANGE_COLUMNS``, and the scans left out once ``impl``'s own calls had taken
   ``budget_s`` seconds. A scan's first call (where a kernel compiles for its dtype and p) is
   not counted; a scan the budget runs out in is left out whole, since a range drawn from part
-  of one would be wrong."""
+  of one would be wrong. The budget never leaves out a dtype's first scan (its L2 norm, see
+  :func:`groups`): every dtype an implementation supports gets a range."""
   steps = {**DEFAULT_STEPS, **(steps or {})}
   spent = 0.0  # seconds in the implementation's calls
   rows, skipped = [], []
+  scanned: set[str] = set()  # dtypes with a whole scan
   for dtype, op, p in groups(impl, **only):
     mine = []
     for i, e in enumerate(exponents(dtype, steps[dtype])):
-      if spent > budget_s:
+      if spent > budget_s and dtype in scanned:
         break
       started = time.perf_counter()
       mine += _point(impl, op, dtype, p, e)
       spent += (time.perf_counter() - started) if i else 0.0
     else:
       rows += mine
+      scanned.add(dtype)
       continue
     skipped.append(f"{op} {dtype} p={p:g}")
   return rows, skipped
