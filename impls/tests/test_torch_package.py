@@ -11,6 +11,7 @@ import torch
 
 from clipbench.impls.own.torch import TorchClipping, eager
 from clipbench.impls.own.torch.arguments import check_leaves, check_segments, check_threshold
+from clipbench.impls.own.torch import eager_passes
 from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.formats import FMT32, largest_on_grid, round_norm, sign
 
@@ -26,9 +27,39 @@ def test_threshold_messages_name_the_argument(value, message):
   assert str(err.value) == message
 
 
-def test_threshold_scalar_is_one_value_per_system():
-  assert check_threshold(torch.tensor(2.5), "max_norm", 3).tolist() == [2.5, 2.5, 2.5]
-  assert check_threshold(1, "max_norm", None).tolist() == [1.0]
+def test_threshold_scalar_is_one_value_an_array_one_per_system():
+  assert check_threshold(torch.tensor(2.5), "max_norm", 3).values.tolist() == [2.5]
+  assert check_threshold(1, "max_norm", None).values.tolist() == [1.0]
+  assert check_threshold(np.array([1, 2]), "max_norm", 2).values.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("value, message", [
+    (torch.tensor(-1.0), "max_norm: must be >= 0, got -1.0"),
+    (torch.tensor(math.nan), "max_norm: must not be NaN"),
+    (torch.tensor([1.0, -2.0]), "max_norm[1]: must be >= 0, got -2.0"),
+    (torch.tensor([math.nan, 1.0]), "max_norm[0]: must not be NaN"),
+])
+def test_device_threshold_values_checked_by_the_device(value, message):
+  # A tensor on the leaves' device is checked there and read with the call's one host
+  # transfer: the error is the host check's, naming the same element.
+  from clipbench.impls.own.torch import branches
+  leaves = [torch.ones(3, 2)]
+  segments = [torch.tensor([0, 1, 1])]
+  with branches.accelerator_branches(), pytest.raises(ValueError) as err:
+    eager.clip_by_global_norm(leaves, value, segments=segments, num_systems=2)
+  assert str(err.value) == message
+
+
+@pytest.mark.parametrize("ids, message", [
+    (([0, 1, 1], [1, -3]), r"^segments\[1\]: system id -3 of leaves\[1\] is outside \[0, 2\)$"),
+    (([0, 7, 1], [1, 1]), r"^segments\[0\]: system id 7 of leaves\[0\] is outside \[0, 2\)$"),
+])
+def test_device_segment_ids_checked_by_the_device(ids, message):
+  from clipbench.impls.own.torch import branches
+  leaves = [torch.ones(3, 2), torch.ones(2)]
+  segments = [torch.tensor(v) for v in ids]
+  with branches.accelerator_branches(), pytest.raises(ValueError, match=message):
+    eager.clip_by_global_norm(leaves, 1.0, segments=segments, num_systems=2)
 
 
 def test_leaf_dtype_named_as_torch_names_it():
@@ -111,9 +142,9 @@ def test_compiled_passes_keep_inductor_from_eliding_low_precision_casts(monkeypa
   assert all(options.get("emulate_precision_casts") is True for options in seen)
 
 
-def _cuda_route_cases(dtype, rng):
-  """A per-system batch and a global one whose largest leaf spans several passes' chunks."""
-  chunk = EagerKernels.CHUNK
+def _cuda_route_cases(dtype, rng, block):
+  """A per-system batch and a global one whose largest leaf spans several passes' blocks."""
+  chunk = block
   per_system = ([torch.tensor(rng.standard_normal((30, 3))).to(dtype),
                  torch.tensor(rng.standard_normal(17)).to(dtype)],
                 {"segments": [torch.tensor(rng.integers(0, 4, 30)),
@@ -127,14 +158,16 @@ def _cuda_route_cases(dtype, rng):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf])
-def test_cuda_route_certified_bits_equal_exact_oracle_bits(dtype, p):
+def test_cuda_route_certified_bits_equal_exact_oracle_bits(dtype, p, monkeypatch):
   # The CUDA route, run on CPU tensors through the accelerator's branches (what a GPU runs,
   # cut the GPU's way), against the exact oracle on the same route: the same exact function,
   # at thresholds equal to, just below and well below each system's norm.
   from clipbench.impls.own.torch import branches
   exact_only = TorchClipping(EagerKernels(), "exact oracle only", certified=False)
   rng = np.random.default_rng(17)
-  for leaves, kwargs in _cuda_route_cases(dtype, rng):
+  block = 1000  # elements per pass block: small here, so that leaves span several
+  monkeypatch.setattr(eager_passes, "BLOCK_ELEMS", block)
+  for leaves, kwargs in _cuda_route_cases(dtype, rng, block):
     with branches.accelerator_branches():
       _, norms = eager.clip_by_global_norm(leaves, math.inf, norm_type=p, **kwargs)
       norms = norms.double().numpy().reshape(-1)

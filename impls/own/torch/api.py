@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from clipbench.impls.own.torch.arguments import (check_leaves, check_nonfinite, check_norm_type,
                                                  check_segments, check_threshold)
-from clipbench.impls.own.torch.decisions import decide
 from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.layout import make_batch, sanitize
-from clipbench.impls.own.torch.measure import measure
 from clipbench.impls.own.torch import host_route, sharded
 from clipbench.protocol import ANY_NORM_TYPE, NONFINITE_MODES, Capabilities
 
@@ -71,27 +70,27 @@ class TorchClipping:
       return sharded.clip_sharded(self, leaves, call)
     op = call.op
     leaves = check_leaves(leaves)
-    segs, K = check_segments(leaves, call.segments, call.num_systems)
-    c = check_threshold(call.threshold, call.threshold_name,
-                        None if op == "clip_grad_norm" else K)
+    on_host = self.cpu_kernels and host_route.applies(leaves)
+    device = leaves[0].device if leaves else torch.device("cpu")
+    segs, K = check_segments(leaves, call.segments, call.num_systems, ids_on_device=not on_host)
+    threshold = check_threshold(call.threshold, call.threshold_name,
+                                None if op == "clip_grad_norm" else K,
+                                device=None if on_host else device)
     p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
     nonfinite = check_nonfinite(call.nonfinite)
-    if self.cpu_kernels and host_route.applies(leaves):
+    if on_host:
       norm64 = any(x.dtype == torch.float64 for x in leaves)
-      return host_route.clip(op, leaves, segs, K, c, p, nonfinite,
-                             torch.float64 if norm64 else torch.float32)
-    batch = make_batch(leaves, segs, K)
-    if nonfinite == "zero":
-      batch = sanitize(batch)
+      return host_route.clip(op, leaves, segs, K, np.broadcast_to(threshold.values, (K,)), p,
+                             nonfinite, torch.float64 if norm64 else torch.float32)
     kind = ("step" if op == "clip_by_max_step" else "max" if p == math.inf else
             "min" if p == -math.inf else "sum")
     with torch.no_grad():
-      approx = measure(self.kernels, batch, kind, p)
-      plan = decide(batch, approx, c, kind, p, self.certified)
+      batch = self.kernels.prepare(make_batch(leaves, segs, K))
+      if nonfinite == "zero":
+        batch = sanitize(batch)
+      plan = self.kernels.plan(batch, kind, p, threshold, self.certified)
       out = self.kernels.apply(batch, plan)
-    dtype = torch.float64 if batch.norm64 else torch.float32
-    norms = torch.tensor(plan.norms, dtype=torch.float64).to(dtype).to(batch.device)
-    return out, norms
+    return out, plan.norms.to(torch.float64 if batch.norm64 else torch.float32)
 
 
 eager = TorchClipping(EagerKernels(), "torch eager: the numba kernels on CPU tensors; on CUDA "

@@ -2,8 +2,9 @@
 
 It compiles the per-system passes (row power sums, step norms, the float64 extraction, the
 keep-or-scale select) with the row count dynamic and the row width static (inductor's code for
-a symbolic width is much slower; the measurements are in ``docs/gpu.md``). The host-side
-decisions are the eager ones, so the bits are those of the eager implementation.
+a symbolic width is much slower; the measurements are in ``docs/gpu.md``). The decisions are
+the eager ones (tensor operations on the device), so the bits are those of the eager
+implementation.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-import numpy as np
 import torch
 
 from clipbench.impls.own.torch.api import TorchClipping
-from clipbench.impls.own.torch.apply import (KEEP_CODE, RN_CODE, Plan, apply_global, apply_leaf,
-                                             leaf_codes, scale_toward_zero)
+from clipbench.impls.own.torch.apply import (apply_global, apply_leaf, scale_toward_zero,
+                                             select_rows)
 from clipbench.impls.own.torch.eager_passes import EagerKernels, piece_row_sums
-from clipbench.impls.own.torch.layout import Batch, Leaf, gather
 
 
 def _rows_square(m: torch.Tensor) -> torch.Tensor:
@@ -38,11 +37,6 @@ def _rows_pow(m: torch.Tensor, scale: torch.Tensor, p: torch.Tensor) -> torch.Te
 def _rows_step(m: torch.Tensor) -> torch.Tensor:
   y = m.to(torch.float64)
   return (y * y).sum(2).amax(1)
-
-
-def _apply_rows(m: torch.Tensor, keep: torch.Tensor, s_leaf: torch.Tensor) -> torch.Tensor:
-  """Rows kept bitwise (a select, no multiply by 1) or scaled by their system's s (nearest)."""
-  return torch.where(keep.unsqueeze(1), m, m * s_leaf.unsqueeze(1))
 
 
 # Inductor's Triton code computes float16/bfloat16 in float32 and, by default, elides a
@@ -87,14 +81,14 @@ def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 class CompiledKernels(EagerKernels):
   """The same passes as ``EagerKernels``, each per-leaf pass one ``torch.compile``d kernel.
 
-  The one-system (global) norm keeps the eager cache-blocked loop: inductor's float32 ->
-  float64 reduction was slower than it (``docs/gpu.md``), and the loop is already one read of
-  the data.
-
-  Graphs are compiled with the row count dynamic (one graph per dtype, rank and narrow width,
-  not per row count) and cached by torch.compile itself; the host-side decisions are the
-  eager ones, so the bits are those of the eager implementation.
+  Narrow rows (the per-system layouts: positions, cells) go to compiled kernels with a static
+  width; wide rows and the one-system passes keep the eager code (``_foreach_norm`` reads
+  every leaf in one operator; inductor's code for a long or symbolic inner width was slower,
+  docs/gpu.md). Graphs are compiled with the row count dynamic (one graph per dtype, rank and
+  narrow width, not per row count) and cached by torch.compile itself.
   """
+
+  NARROW = 16
 
   def __init__(self):
     self._square = _compiled(_rows_square)
@@ -102,10 +96,12 @@ class CompiledKernels(EagerKernels):
     self._pow = _compiled(_rows_pow)
     self._step = _compiled(_rows_step)
     self._pieces = {p: _compiled(functools.partial(piece_row_sums, p=p)) for p in (1, 2)}
-    self._apply = _compiled(_apply_rows)
+    self._select = _compiled(select_rows)
     self._rtz = _compiled(scale_toward_zero)
 
-  def _rows(self, m: torch.Tensor, p: float, scale_rows: torch.Tensor | None) -> torch.Tensor:
+  def row_power_sums(self, m, p, scale_rows):
+    if m.shape[1] > self.NARROW:
+      return super().row_power_sums(m, p, scale_rows)
     if scale_rows is None and p == 2:
       return self._square(m)
     if scale_rows is None and p == 1:
@@ -114,53 +110,22 @@ class CompiledKernels(EagerKernels):
       scale_rows = torch.ones(m.shape[0], dtype=torch.float64, device=m.device)
     return self._pow(m, scale_rows, torch.tensor(p, dtype=torch.float64, device=m.device))
 
-  # Narrow rows (the per-system layouts: positions, cells) go to compiled kernels with a
-  # static width; wide rows keep the eager cache-blocked code (inductor's code for a long
-  # or symbolic inner width was slower than it, docs/gpu.md).
-  NARROW = 16
-
-  def _row_power_sums(self, leaf: Leaf, p: float, scale: torch.Tensor | None,
-                      buf: torch.Tensor) -> torch.Tensor:
-    if leaf.width > self.NARROW:
-      return super()._row_power_sums(leaf, p, scale, buf)
-    return self._rows(leaf.matrix(), p, None if scale is None else gather(scale, leaf.seg))
-
-  def _row_step_sums(self, leaf: Leaf, buf: torch.Tensor) -> torch.Tensor:
-    if leaf.width > self.NARROW:
-      return super()._row_step_sums(leaf, buf)
-    return self._step(leaf.matrix().reshape(leaf.rows, -1, leaf.vec))
-
-  def _piece_row_sums(self, m: torch.Tensor, p: int, params: torch.Tensor) -> torch.Tensor:
+  def row_step_sums(self, m, vec):
     if m.shape[1] > self.NARROW:
-      return piece_row_sums(m, params, p)
-    return self._pieces[p](m, params)
+      return super().row_step_sums(m, vec)
+    return self._step(m.reshape(m.shape[0], -1, vec))
 
-  def _rows_per_block(self, m: torch.Tensor) -> int:
+  def row_pieces(self, m, params_rows, p):
     if m.shape[1] > self.NARROW:
-      return super()._rows_per_block(m)
-    return max(1, m.shape[0])  # one compiled kernel per leaf (it parallelizes itself)
+      return super().row_pieces(m, params_rows, p)
+    return self._pieces[p](m, params_rows)
 
-  def apply(self, batch: Batch, plan: Plan) -> list[torch.Tensor]:
+  def apply(self, batch, plan):
     if not batch.per_system:
-      return apply_global(batch.leaves, plan, self.CHUNK, rtz=lambda x, v: self._rtz(
+      return apply_global(batch.leaves, plan, rtz=lambda x, v: self._rtz(
           x, torch.tensor(v, dtype=torch.float64, device=x.device)))
-    return [self._apply_leaf(leaf, plan) for leaf in batch.leaves]
-
-  def _apply_leaf(self, leaf: Leaf, plan: Plan) -> torch.Tensor:
-    codes = leaf_codes(leaf, plan)
-    used = codes[leaf.present]
-    if leaf.numel == 0 or np.any(used > RN_CODE):
-      # Empty, or rows rounded toward zero / NaN / exact on the host: the eager path.
-      # (inductor vectorizes neither the bit step nor mixed float64/float32 selects here.)
-      return apply_leaf(leaf, plan, self.CHUNK)
-    if not np.any(used == RN_CODE):
-      return leaf.x if leaf.owned else leaf.x.clone()
-    x = leaf.x
-    dev = x.device
-    keep = gather(torch.as_tensor(codes == KEEP_CODE, device=dev), leaf.seg)
-    s_rows = gather(torch.as_tensor(plan.scale, dtype=torch.float64, device=dev).to(x.dtype),
-                     leaf.seg)
-    return self._apply(leaf.matrix(), keep, s_rows).reshape(x.shape)
+    return [apply_leaf(leaf, plan, select=self._select if leaf.width <= self.NARROW else
+                       select_rows) for leaf in batch.leaves]
 
 
 compiled = TorchClipping(CompiledKernels(),

@@ -1,315 +1,311 @@
-"""The per-element passes in eager torch: power sums, extremes, step sums, extracted pieces.
+"""The per-element passes in eager torch: per-system float64 results, left on the device.
 
-Each pass reads the leaves once and returns per-system numpy arrays for the host-side
-decisions. On CPU they run on chunks below torch's parallel grain (32768 elements), on the
-calling thread: on a loaded machine torch's OpenMP regions cost milliseconds per op (every op
-waits for every thread), so whole-tensor ops were several times slower than chunked ones (the
-measurements are in ``docs/gpu.md``); BLAS (``dot``, ``mv``) is avoided for the same reason.
+Each pass reads the leaves once and returns device tensors of shape (K,) for the decisions
+(:mod:`.certified`), which stay on the device too. The number of operators a pass dispatches
+does not grow with the systems or the elements: per-system passes take each leaf whole (rows
+reduced, then added into their systems by ``index_add_``); one-system passes take every leaf
+of a dtype at once (``_foreach_norm``, or one concatenated buffer). Only past
+:data:`BLOCK_ELEMS` elements is a leaf cut, so that no float64 temporary outgrows that.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from clipbench.impls.own.decision import U64
-from clipbench.impls.own.torch import branches
-from clipbench.impls.own.torch.apply import Plan, apply_global, apply_leaf
+from clipbench.impls.own import validation
+from clipbench.impls.own.torch.arguments import Threshold
+from clipbench.impls.own.torch.certified import Pieces
+from clipbench.impls.own.torch.decisions import Plan, decide
+from clipbench.impls.own.torch.floats import U64, exponent, gamma, pow2
 from clipbench.impls.own.torch.layout import Batch, Leaf, gather
-from clipbench.impls.own.torch.measure import gamma
+from clipbench.impls.own.torch.measure import measure
+
+# The largest float64 temporary one operator makes (512 MiB): a bound on memory, not a tuning.
+BLOCK_ELEMS = 1 << 26
+_SIGN_OFF = (1 << 63) - 1  # float64 bits & this = the bits of |x| (NaN made positive)
+_INF_BITS = 0x7FF0000000000000  # the bits of +inf: every finite magnitude's are below, NaN's above
+
+
+def flat_blocks(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+  """The elements of ``xs`` (one dtype) as flat blocks of at most BLOCK_ELEMS elements.
+
+  Small tensors are concatenated into one block (one copy, one operator); a tensor past the
+  limit is cut. A single tensor that fits is its own block, uncopied.
+  """
+  blocks, pending, filled, limit = [], [], 0, BLOCK_ELEMS
+
+  def flush():
+    nonlocal pending, filled
+    if pending:
+      blocks.append(pending[0] if len(pending) == 1 else torch.cat(pending))
+    pending, filled = [], 0
+
+  for x in xs:
+    flat = x.reshape(-1)
+    start = 0
+    while start < flat.numel():
+      take = min(limit - filled, flat.numel() - start)
+      pending.append(flat[start:start + take])
+      filled += take
+      start += take
+      if filled == limit:
+        flush()
+  flush()
+  return blocks
+
+
+def by_dtype(leaves: list[Leaf]) -> dict[torch.dtype, list[Leaf]]:
+  """The nonempty leaves grouped by dtype, in call order."""
+  groups: dict[torch.dtype, list[Leaf]] = {}
+  for leaf in leaves:
+    if leaf.numel:
+      groups.setdefault(leaf.x.dtype, []).append(leaf)
+  return groups
+
+
+def row_blocks(leaf: Leaf) -> list[tuple[torch.Tensor, torch.Tensor]]:
+  """A per-system leaf as (rows, width) blocks of at most BLOCK_ELEMS elements, with their ids."""
+  m = leaf.matrix()
+  step = max(1, BLOCK_ELEMS // max(leaf.width, 1))
+  return [(m[r:r + step], leaf.seg[r:r + step]) for r in range(0, leaf.rows, step)]
+
+
+def check_no_rows(batch: Batch) -> None:
+  """With no systems no leaf may have a row: the first one's id is out of range (read here,
+  on the way to the error)."""
+  for i, leaf in enumerate(batch.leaves):
+    if leaf.rows:
+      lo, hi = (int(v) for v in torch.aminmax(leaf.seg))
+      validation.check_segment_range(i, lo, hi, 0)
+
+
+def _abs_bits(values: torch.Tensor) -> torch.Tensor:
+  """float64 values as the int64 bits of their magnitudes: ordered like them, NaN above inf."""
+  return values.view(torch.int64) & _SIGN_OFF
 
 
 class EagerKernels:
-  """The per-element passes in eager torch. Each returns per-system numpy arrays.
+  """The per-element passes in eager torch. Each returns per-system device tensors."""
 
-  Leaves are read in chunks of at most ``CHUNK`` elements copied into one float64 scratch
-  buffer: the float64 work stays in cache, and chunks below torch's parallel grain run
-  without thread synchronisation (which costs milliseconds per call on a busy machine). No
-  BLAS call is used: MKL's threaded ``dot``/``gemv`` stall the same way.
-  """
-
-  CHUNK = (1 << 15) - 64  # below torch's parallel grain (32768): runs on the calling thread
   # Error of one scaled term (|x| * 2**-e)**p <= 1 of a general p: torch.pow on float64 is
-  # within 1 ulp (Sleef u10 / libm); taken as 2**-50 relative, plus underflow below 2**-1074.
+  # within 1 ulp (Sleef u10 / libm) or 2 (CUDA); taken as 2**-50 relative, plus underflow.
   POW_REL_ERR = 2.0 ** -50
   POW_ABS_ERR = 2.0 ** -1074
 
-  # ---------------------------------------------------------------- approximate power sums
-  def power_sums(self, batch: Batch, p: float,
-                 scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """sum (|x| * scale_k)**p per system in float64 (scale None: 1) and a depth bound.
+  # ------------------------------------------------------------------------------ the call
+  def plan(self, batch: Batch, kind: str, p: float, threshold: Threshold,
+           certified: bool = True) -> Plan:
+    """The passes for ``kind`` ("sum", "max", "min", "step"), then the decisions."""
+    measured = measure(self, batch, kind, p)
+    return decide(batch, measured, threshold, threshold.on(batch.device), kind, p, certified)
 
-    The exact sum of the computed terms lies within gamma_depth of the returned value.
+  # -------------------------------------------------------------------------------- layout
+  def prepare(self, batch: Batch) -> Batch:
+    """Fills in the batch's per-system facts and clamps the ids into range, on the device.
+
+    Ids outside [0, K) are reported through ``seg_range`` (read with the call's one host
+    transfer, which then raises); until then they are clamped so that no pass indexes out of
+    bounds.
     """
-    K = batch.num_systems
+    K, dev = batch.num_systems, batch.device
+    low_leaves = [leaf for leaf in batch.leaves if leaf.low and leaf.numel]
+    if K == 0:
+      check_no_rows(batch)
     if not batch.per_system:
-      total, depth = self._global_power_sum(batch, p, None if scale is None else float(scale[0]))
-      return np.full(K, total), np.full(K, depth, np.int64)
-    sums = torch.zeros(K, dtype=torch.float64, device=batch.device)
-    scale_t = None if scale is None else torch.as_tensor(scale, device=batch.device)
-    buf = torch.empty(self.CHUNK, dtype=torch.float64, device=batch.device)
+      batch.counts = torch.full((1,), float(batch.numel), dtype=torch.float64, device=dev)
+      batch.prec = 24 if low_leaves or not batch.norm64 else 53
+      return batch
+    counts = torch.zeros(K, dtype=torch.float64, device=dev)
+    has_low = (torch.zeros(K, dtype=torch.bool, device=dev)
+               if batch.norm64 and low_leaves else None)
+    most_rows = max((leaf.rows for leaf in batch.leaves), default=0)
+    ones = torch.ones(most_rows, dtype=torch.float64, device=dev) if most_rows else None
+    ranges = []
+    for leaf in batch.leaves:
+      if leaf.rows == 0:
+        continue
+      ranges.append(torch.stack(torch.aminmax(leaf.seg)))
+      leaf.seg = leaf.seg.clamp(0, K - 1)
+      counts.index_add_(0, leaf.seg, ones[:leaf.rows], alpha=leaf.width)
+      if has_low is not None and leaf.low and leaf.width:
+        has_low.index_fill_(0, leaf.seg, True)
+    batch.counts = counts
+    batch.seg_range = torch.stack(ranges) if ranges else None
+    if has_low is not None:
+      batch.prec = torch.where(has_low, 24, 53)
+    else:
+      batch.prec = 53 if batch.norm64 else 24
+    return batch
+
+  # ---------------------------------------------------------------- approximate power sums
+  def power_sums(self, batch: Batch, p: float, scale: torch.Tensor | None = None):
+    """sum (|x| * scale_k)**p per system in float64 (scale None: 1), and a depth bound.
+
+    The exact sum of the computed terms lies within gamma_depth of the returned value. The
+    depth is a device tensor (per system) or, for one system, a Python number.
+    """
+    if not batch.per_system:
+      return self._global_power_sum(batch, p, scale)
+    sums = torch.zeros(batch.num_systems, dtype=torch.float64, device=batch.device)
     for leaf in batch.leaves:
       if leaf.numel == 0:
         continue
-      row = self._row_power_sums(leaf, p, scale_t, buf)
-      sums += self._system_sums(row, leaf, K)
-    depth = batch.counts + len(batch.leaves) + 2
-    return sums.cpu().numpy(), depth
+      for m, seg in row_blocks(leaf):
+        sums.index_add_(0, seg, self.row_power_sums(m, p, None if scale is None else
+                                                    gather(scale, seg)))
+    return sums, batch.counts + len(batch.leaves) + 2
 
-  def _global_power_sum(self, batch: Batch, p: float, scale: float | None) -> tuple[float, int]:
-    parts, roots = [], []  # chunk sums, and chunk norms (p-th roots of chunk sums)
-    plain = scale is None and p in (1.0, 2.0)
-    # An accelerator reads every leaf in one foreach norm (one launch for all of them); the
-    # host reads large leaves by chunks, on the calling thread.
-    whole = plain and not branches.on_host(batch.device)
-    small = [leaf.x for leaf in batch.leaves
-             if 0 < leaf.numel and (whole or leaf.numel <= self.CHUNK)] if plain else []
-    if small:
-      # One float64 norm per leaf, all in one operator.
-      roots.append(torch.stack(torch._foreach_norm(small, p, dtype=torch.float64)))  # pylint: disable=protected-access
-    buf = torch.empty(self.CHUNK, dtype=torch.float64, device=batch.device)
-    pending, filled = [], 0
+  def row_power_sums(self, m: torch.Tensor, p: float,
+                     scale_rows: torch.Tensor | None) -> torch.Tensor:
+    """Per-row float64 sums of (|x| * scale_row)**p of a (rows, width) block."""
+    if p == 2 and scale_rows is None:
+      return m.to(torch.float64).square().sum(1)
+    b = m.to(torch.float64).abs()
+    if scale_rows is not None:
+      b.mul_(scale_rows.unsqueeze(1))
+    if p != 1:
+      b.pow_(p)
+    return b.sum(1)
 
-    def flush():
-      nonlocal pending, filled
-      b = buf[:filled]
-      if len(pending) == 1:
-        b.copy_(pending[0])
-      else:
-        torch.cat(pending, out=b)
-      if plain:
-        roots.append(torch.linalg.vector_norm(b, p).reshape(1))
-      else:
-        b.abs_()
-        b.mul_(scale)
-        b.pow_(p)
-        parts.append(b.sum().reshape(1))
-      pending, filled = [], 0
-
-    for leaf in batch.leaves:
-      if leaf.numel == 0 or (plain and (whole or leaf.numel <= self.CHUNK)):
-        continue
-      flat = leaf.x.reshape(-1)
-      n, i = flat.numel(), 0
-      while i < n:
-        k = min(self.CHUNK - filled, n - i)
-        pending.append(flat[i:i + k])
-        filled += k
-        i += k
-        if filled == self.CHUNK:
-          flush()
-    if filled:
-      flush()
-    values = torch.cat(parts).cpu().tolist() if parts else []
-    for r in (torch.cat(roots).cpu().tolist() if roots else []):
-      values.append(r * r if p == 2 else r)  # the square adds two roundings: depth + 2
-    if not values:
-      return 0.0, 1
-    if not all(math.isfinite(v) for v in values):
-      return sum(values), 1
-    # Each value sums at most max(CHUNK, the largest leaf read whole) terms in float64 (a norm
-    # squared back adds two roundings), and fsum adds one: any tree of that depth, + 4.
-    return math.fsum(values), max([self.CHUNK, *(x.numel() for x in small)]) + 4
-
-  def _row_power_sums(self, leaf: Leaf, p: float, scale: torch.Tensor | None,
-                      buf: torch.Tensor) -> torch.Tensor:
-    """Per-row float64 sums of (|x| * scale[seg])**p for one leaf."""
-    m = leaf.matrix()
-    out = torch.empty(leaf.rows, dtype=torch.float64, device=m.device)
-    width = leaf.width
-    step = max(1, self.CHUNK // width)
-    for r0 in range(0, leaf.rows, step):
-      r1 = min(leaf.rows, r0 + step)
-      b = load_block(buf, m[r0:r1])
-      if p == 2 and scale is None:
-        b.square_()
-      else:
-        b.abs_()
-        if scale is not None:
-          b.mul_(gather(scale, leaf.seg[r0:r1]).unsqueeze(1))
-        if p != 1:
-          b.pow_(p)
-      row_sums(b, out[r0:r1])
-    return out
-
-  @staticmethod
-  def _system_sums(row: torch.Tensor, leaf: Leaf, K: int) -> torch.Tensor:
-    if leaf.sorted:
-      # The contiguous layout: sum each system's run of rows by its offsets.
-      return torch.segment_reduce(row, "sum", lengths=leaf.counts, unsafe=True)
-    return torch.zeros(K, dtype=torch.float64, device=row.device).index_add_(0, leaf.seg, row)
+  def _global_power_sum(self, batch: Batch, p: float, scale: torch.Tensor | None):
+    groups = by_dtype(batch.leaves)
+    parts, depth = [], 1
+    if scale is None and p in (1.0, 2.0):
+      # One float64 norm per leaf (float64 accumulation on every device), one operator per
+      # dtype; a norm squared back adds two roundings.
+      for leaves in groups.values():
+        roots = torch.stack(torch._foreach_norm([leaf.x for leaf in leaves], p,  # pylint: disable=protected-access
+                                                dtype=torch.float64))
+        parts.append(roots.square() if p == 2 else roots)
+        depth = max(depth, max(leaf.numel for leaf in leaves) + 2)
+    else:
+      for leaves in groups.values():
+        for block in flat_blocks([leaf.x for leaf in leaves]):
+          b = block.to(torch.float64).abs()
+          if scale is not None:
+            b.mul_(scale)
+          parts.append(b.pow_(p).sum().reshape(1))
+          depth = max(depth, block.numel())
+    if not parts:
+      return torch.zeros(1, dtype=torch.float64, device=batch.device), 1
+    values = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return values.sum().reshape(1), depth + values.numel() + 2
 
   # ------------------------------------------------------------------------ maxima, minima
-  def extremes(self, batch: Batch, want_min: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Exact max |x| (NaN if any NaN) and, if asked, min |x| per system (0 when empty)."""
-    K = batch.num_systems
-    dev = batch.device
-    big = torch.zeros(K, dtype=torch.float64, device=dev)
-    small = torch.full((K,), math.inf, dtype=torch.float64, device=dev) if want_min else None
+  def extremes(self, batch: Batch, want_min: bool):
+    """Exact max |x| per system (NaN if any NaN) and, if asked, min |x| (0 when empty)."""
+    K, dev = batch.num_systems, batch.device
+    if not batch.per_system:
+      bigs, smalls = [], []
+      for leaves in by_dtype(batch.leaves).values():
+        xs = [leaf.x for leaf in leaves]
+        bigs.append(torch.stack(torch._foreach_norm(xs, math.inf, dtype=torch.float64)))  # pylint: disable=protected-access
+        if want_min:
+          smalls.append(torch.stack(torch._foreach_norm(xs, -math.inf, dtype=torch.float64)))  # pylint: disable=protected-access
+      if not bigs:
+        zero = torch.zeros(1, dtype=torch.float64, device=dev)
+        return zero, (zero if want_min else None)
+      big = torch.cat(bigs).amax().reshape(1)  # NaN if any leaf's is
+      small = torch.cat(smalls).amin().reshape(1) if want_min else None
+      return big, small
+    big = torch.zeros(K, dtype=torch.int64, device=dev)
+    small = torch.full((K,), _INF_BITS, dtype=torch.int64, device=dev) if want_min else None
     for leaf in batch.leaves:
       if leaf.numel == 0:
         continue
-      m = leaf.matrix()
-      host = branches.on_host(dev)
-      step = max(1, self.CHUNK // max(leaf.width, 1)) if host else leaf.rows
-      if leaf.seg is None:
-        flat = leaf.x.reshape(-1)
-        size = self.CHUNK if host else flat.numel()
-        for a in range(0, flat.numel(), size):
-          b = flat[a:a + size]
-          big[0] = torch.maximum(big[0], torch.linalg.vector_norm(b, math.inf).double())
-          if want_min:
-            small[0] = torch.minimum(small[0], torch.linalg.vector_norm(b, -math.inf).double())
-        continue
-      hi = torch.empty(leaf.rows, dtype=torch.float64, device=dev)
-      lo = torch.empty(leaf.rows, dtype=torch.float64, device=dev) if want_min else None
-      for r0 in range(0, leaf.rows, step):
-        b = m[r0:r0 + step]
-        hi[r0:r0 + step] = torch.linalg.vector_norm(b, math.inf, dim=1)
+      for m, seg in row_blocks(leaf):
+        bits = _abs_bits(m.to(torch.float64))
+        big.scatter_reduce_(0, seg, bits.amax(1), "amax")
         if want_min:
-          lo[r0:r0 + step] = torch.linalg.vector_norm(b, -math.inf, dim=1)
-      big.scatter_reduce_(0, leaf.seg, hi, "amax")
-      if want_min:
-        small.scatter_reduce_(0, leaf.seg, lo, "amin")
-    big = big.cpu().numpy()
+          small.scatter_reduce_(0, seg, bits.clamp(max=_INF_BITS).amin(1), "amin")  # no NaN
+    small_values = None
     if want_min:
-      small = small.cpu().numpy()
-      small[batch.counts == 0] = 0.0
-    return big, small
+      small_values = torch.where(batch.counts > 0, small.view(torch.float64), 0.0)
+    return big.view(torch.float64), small_values
 
   # ----------------------------------------------------------------------------- step norms
-  def step_sums(self, batch: Batch) -> tuple[np.ndarray, int]:
-    """Largest float64 sum of squares of a step vector per system; and the vector length."""
-    K = batch.num_systems
-    dev = batch.device
-    best = torch.zeros(K, dtype=torch.float64, device=dev)
-    buf = torch.empty(self.CHUNK, dtype=torch.float64, device=dev)
+  def step_sums(self, batch: Batch):
+    """Largest float64 sum of squares of a step vector per system (NaN if any NaN), and the
+    vector length."""
+    K, dev = batch.num_systems, batch.device
+    best = torch.zeros(K, dtype=torch.int64, device=dev)
     longest = 1
     for leaf in batch.leaves:
       if leaf.numel == 0 or leaf.vec == 0:
         continue
       longest = max(longest, leaf.vec)
-      row = self._row_step_sums(leaf, buf)
-      if leaf.seg is None:
-        best[0] = torch.maximum(best[0], row.max())
-      else:
-        best.scatter_reduce_(0, leaf.seg, row, "amax")
-    return best.cpu().numpy(), longest
+      for m, seg in ([(leaf.matrix(), None)] if leaf.seg is None else row_blocks(leaf)):
+        row = _abs_bits(self.row_step_sums(m, leaf.vec))
+        if seg is None:
+          best = torch.maximum(best, row.amax().reshape(1))
+        else:
+          best.scatter_reduce_(0, seg, row, "amax")
+    return best.view(torch.float64), longest
 
-  def _row_step_sums(self, leaf: Leaf, buf: torch.Tensor) -> torch.Tensor:
-    m = leaf.matrix()
-    vec, per_row = leaf.vec, leaf.width // leaf.vec
-    out = torch.empty(leaf.rows, dtype=torch.float64, device=m.device)
-    step = max(1, self.CHUNK // leaf.width)
-    for r0 in range(0, leaf.rows, step):
-      r1 = min(leaf.rows, r0 + step)
-      b = load_block(buf, m[r0:r1]).square_()
-      v = b.reshape(-1, vec)
-      if per_row == 1:
-        row_sums(v, out[r0:r1])
-      else:
-        sq = torch.empty(v.shape[0], dtype=torch.float64, device=m.device)
-        row_sums(v, sq)
-        torch.amax(sq.reshape(r1 - r0, per_row), 1, out=out[r0:r1])
-    return out
+  def row_step_sums(self, m: torch.Tensor, vec: int) -> torch.Tensor:
+    """Per row of a (rows, width) block, the largest float64 sum of squares of a step vector
+    (NaN if any)."""
+    return m.to(torch.float64).square().reshape(m.shape[0], -1, vec).sum(2).amax(1)
 
   # ---------------------------------------------------- float64: sums by error-free extraction
-  def accurate_sums(self, batch: Batch, p: int,
-                    scale: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-system pieces of sum (|x| * a_k * b_k)**p (p = 1, 2; every term <= 1).
+  def accurate_sums(self, batch: Batch, p: int, e: torch.Tensor) -> Pieces:
+    """Per-system pieces of sum (|x| 2**-e_k)**p (p = 1, 2; every term <= 1).
 
     ``q1, q2, qt`` are exact sums (extracted parts on a grid fixed by a per-system power of
     two, so any order is exact); ``rest`` is a plain float64 sum of small remainders whose
     error is bounded by ``bound`` (absolute).
     """
-    K = batch.num_systems
-    dev = batch.device
-    n = np.maximum(batch.counts, 1)
-    grow = np.ldexp(1.0, np.array([int(v).bit_length() + 2 for v in n], dtype=np.int64))
+    n = batch.counts.clamp(min=1.0)
+    grow = pow2(exponent(n) + 2)
+    half = torch.div(-e, 2, rounding_mode="floor")
     sig1 = grow  # terms <= 1
-    sig2 = sig1 * U64 * grow
-    sigt = 2.0 ** -24 * grow
-    params = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev) for v in
-                          (scale[0], scale[1], sig1, sig2, sigt)], 1)  # (K, 5)
+    params = torch.stack([pow2(half), pow2(-e - half), sig1, sig1 * U64 * grow,
+                          2.0 ** -24 * grow], 1)  # (K, 5): a * b = 2**-e, the sigmas
     acc, depth = self._accumulate_pieces(batch, p, params)
-    out = dict(zip(("q1", "q2", "qt", "rest"), acc.T))
+    q1, q2, qt, rest = acc.unbind(1)
     # |rest| per element: remainder bounds plus the tail yl**2 <= 2**-50 y**2.
-    per_elem = U64 * sig2 + (U64 * sigt if p == 2 else 0.0)
-    tail = 2.0 ** -50 * (out["q1"] + out["q2"] + out["qt"] + 1.0) if p == 2 else 0.0
+    per_elem = U64 * params[:, 3] + (U64 * params[:, 4] if p == 2 else 0.0)
+    tail = 2.0 ** -50 * (q1 + q2 + qt + 1.0) if p == 2 else 0.0
     total_abs = n * per_elem * (1 + 4 * U64) + tail
-    out["bound"] = (gamma(depth) * total_abs + n * 2 * U64 * per_elem
-                    + n * 2.0 ** -100 + n * 2.0 ** -1070)
-    return out
+    bound = (gamma(depth) * total_abs + n * 2 * U64 * per_elem + n * 2.0 ** -100
+             + n * 2.0 ** -1070)
+    return Pieces(q1, q2, qt, rest, bound, e)
 
-  def _accumulate_pieces(self, batch: Batch, p: int,
-                         params: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+  def _accumulate_pieces(self, batch: Batch, p: int, params: torch.Tensor):
     """(K, 4) sums of the pieces per system, and the depth bound of the ``rest`` sums."""
     K = batch.num_systems
     acc = torch.zeros(K, 4, dtype=torch.float64, device=batch.device)
-    rows_total = 0
+    if not batch.per_system:
+      largest, count = 1, 0
+      for leaves in by_dtype(batch.leaves).values():
+        for block in flat_blocks([leaf.x for leaf in leaves]):
+          acc += self.row_pieces(block.reshape(1, -1), params, p)
+          largest, count = max(largest, block.numel()), count + 1
+      return acc, largest + count + len(batch.leaves) + 4
+    columns = torch.arange(4, device=batch.device)
     for leaf in batch.leaves:
       if leaf.numel == 0:
         continue
-      if leaf.seg is None:
-        for block in global_blocks(leaf.x.reshape(-1), self.CHUNK):
-          for part in self._row_blocks(block):
-            rows = self._piece_row_sums(part, p, params[0].expand(part.shape[0], 5))
-            acc[0] += rows.sum(0)
-          rows_total += block.shape[0]
-      else:
-        m = leaf.matrix()
-        for part, r0 in zip(self._row_blocks(m), range(0, leaf.rows, self._rows_per_block(m))):
-          seg = leaf.seg[r0:r0 + part.shape[0]]
-          rows = self._piece_row_sums(part, p, gather(params, seg))
-          # One flat index_add_ (the (rows, 4) form adds slice by slice: much slower on CPU).
-          flat_index = (seg.unsqueeze(1) * 4 + torch.arange(4, device=seg.device)).reshape(-1)
-          acc.view(-1).index_add_(0, flat_index, rows.reshape(-1))
-    if batch.per_system:
-      depth = batch.counts + len(batch.leaves) + 4
-    else:
-      depth = np.full(K, self.CHUNK + rows_total + len(batch.leaves) + 4)
-    return acc.cpu().numpy(), depth
+      for m, seg in row_blocks(leaf):
+        rows = self.row_pieces(m, gather(params, seg), p)
+        # One flat index_add_ (the (rows, 4) form adds slice by slice: much slower on CPU).
+        acc.view(-1).index_add_(0, (seg.unsqueeze(1) * 4 + columns).reshape(-1),
+                                rows.reshape(-1))
+    return acc, batch.counts + len(batch.leaves) + 4
 
-  def _piece_row_sums(self, m: torch.Tensor, p: int, params: torch.Tensor) -> torch.Tensor:
-    """(rows, 4) row sums of the extracted pieces q1, q2, qt, rest of one block."""
-    return piece_row_sums(m, params, p)
-
-  def _rows_per_block(self, m: torch.Tensor) -> int:
-    """Rows per block: blocks below the parallel grain on CPU, everything at once elsewhere."""
-    if not branches.on_host(m.device):
-      return max(1, m.shape[0])
-    return max(1, self.CHUNK // max(m.shape[1], 1))
-
-  def _row_blocks(self, m: torch.Tensor) -> list[torch.Tensor]:
-    step = self._rows_per_block(m)
-    return [m[r0:r0 + step] for r0 in range(0, m.shape[0], step)]
+  def row_pieces(self, m: torch.Tensor, params_rows: torch.Tensor, p: int) -> torch.Tensor:
+    """(rows, 4) row sums of the extracted pieces q1, q2, qt, rest of a (rows, width) block."""
+    return piece_row_sums(m, params_rows, p)
 
   # --------------------------------------------------------------------------------- apply
-  def apply(self, batch: Batch, plan: Plan) -> list[torch.Tensor]:
+  def apply(self, batch: Batch, plan) -> list[torch.Tensor]:
+    # pylint: disable-next=import-outside-toplevel
+    from clipbench.impls.own.torch.apply import apply_global, apply_leaf
     if not batch.per_system:
-      return apply_global(batch.leaves, plan, self.CHUNK)
-    return [apply_leaf(leaf, plan, self.CHUNK) for leaf in batch.leaves]
-
-
-
-def load_block(buf: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-  """block (rows, width) copied into the float64 scratch buffer."""
-  b = buf[:block.numel()].view(block.shape)
-  b.copy_(block)
-  return b
-
-
-def row_sums(b: torch.Tensor, out: torch.Tensor) -> None:
-  """out = b.sum(1); narrow rows are added column by column (torch's inner reduction is slow)."""
-  width = b.shape[1]
-  if width > 4:
-    torch.sum(b, 1, out=out)
-    return
-  out.copy_(b[:, 0])
-  for j in range(1, width):
-    out.add_(b[:, j])
+      return apply_global(batch.leaves, plan)
+    return [apply_leaf(leaf, plan) for leaf in batch.leaves]
 
 
 def piece_row_sums(m: torch.Tensor, params: torch.Tensor, p: int) -> torch.Tensor:
@@ -341,12 +337,3 @@ def piece_row_sums(m: torch.Tensor, params: torch.Tensor, p: int) -> torch.Tenso
   else:
     qt = torch.zeros_like(q1)
   return torch.stack([q1.sum(1), q2.sum(1), qt.sum(1), rest.sum(1)], 1)
-
-
-def global_blocks(flat: torch.Tensor, chunk: int) -> list[torch.Tensor]:
-  """A flat leaf as (rows, chunk) plus a one-row tail: sums of depth <= chunk + rows."""
-  m = (flat.numel() // chunk) * chunk
-  blocks = [flat[:m].reshape(-1, chunk)] if m else []
-  if m < flat.numel():
-    blocks.append(flat[m:].reshape(1, -1))
-  return blocks

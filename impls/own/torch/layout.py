@@ -1,8 +1,10 @@
 """The batch layout: each leaf as a (rows, width) matrix of its systems' rows.
 
-Facts that do not depend on the values (rows and elements per system, which systems hold a
-float16/bfloat16/float32 element, whether a leaf's ids are sorted) are found once here, before
-any pass reads the data.
+Only what the host knows without reading a device value is found here (shapes, dtypes, the
+number of systems). What depends on the segment ids (each system's element count, which
+systems hold a float16/bfloat16/float32 element, whether the ids are in range) stays on the
+device, computed by the kernels' ``prepare`` and read, if at all, with the call's one host
+transfer (:mod:`.host_read`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 import torch
 
 
@@ -23,10 +24,6 @@ class Leaf:
   width: int  # elements per row
   vec: int  # length of the last axis: the step vectors of max-step (1 for 0-d and 1-D leaves)
   seg: torch.Tensor | None  # (rows,) int64 system ids; None: every row belongs to system 0
-  _: dataclasses.KW_ONLY
-  counts: torch.Tensor | None = None  # (K,) rows of each system in this leaf
-  present: np.ndarray | None = None  # (K,) the system has rows in this leaf
-  sorted: bool = True  # ids nondecreasing: each system's rows are one contiguous run
   owned: bool = False  # x is a fresh tensor (so it may be returned as is)
 
   @property
@@ -43,47 +40,41 @@ class Leaf:
 
 @dataclasses.dataclass
 class Batch:
-  """The leaves of one call and per-system facts that do not depend on values."""
+  """The leaves of one call, and per-system facts the kernels' ``prepare`` fills in.
+
+  ``counts`` is each system's element count (float64, on the device); ``prec`` each system's
+  factor bits, 24 (the system has an element in a float16/bfloat16/float32 leaf) or 53: an int
+  when every system has the same, else a device tensor; ``seg_range`` the smallest and largest
+  id each leaf's segments hold, as given (an (L, 2) device tensor, read for the range check).
+  """
 
   leaves: list[Leaf]
   num_systems: int
   device: torch.device
   norm64: bool  # the norm dtype is float64 (some leaf is float64)
-  counts: np.ndarray  # (K,) elements per system
-  has_low: np.ndarray  # (K,) the system has an element in a float16/bfloat16/float32 leaf
   per_system: bool  # segments were given (else one system, the global path)
+  counts: torch.Tensor | None = None
+  prec: int | torch.Tensor = 24
+  seg_range: torch.Tensor | None = None
+
+  @property
+  def numel(self) -> int:
+    return sum(leaf.numel for leaf in self.leaves)
 
 
 def make_batch(leaves: list[torch.Tensor], segs: list[torch.Tensor] | None,
                num_systems: int) -> Batch:
   """The layout of checked leaves and int64 ids (``segs`` None: one system, the global path)."""
   device = leaves[0].device if leaves else torch.device("cpu")
-  out, counts = [], np.zeros(num_systems, np.int64)
-  has_low = np.zeros(num_systems, bool)
-  total, any_low = 0, False
+  out = []
   for i, x in enumerate(leaves):
     shape = x.shape
     rows = shape[0] if shape else 1
     width = math.prod(shape[1:]) if len(shape) > 1 else 1
     vec = shape[-1] if len(shape) > 1 else 1
-    low = x.dtype != torch.float64
-    if segs is None:
-      out.append(Leaf(x, rows, width, vec, None))
-      total += rows * width
-      any_low = any_low or (low and rows * width > 0)
-      continue
-    seg = segs[i]
-    per_t = torch.bincount(seg, minlength=num_systems)
-    per = per_t.cpu().numpy()
-    is_sorted = rows < 2 or bool((seg[1:] >= seg[:-1]).all())
-    out.append(Leaf(x, rows, width, vec, seg, counts=per_t, present=per > 0, sorted=is_sorted))
-    counts += per * width
-    if low and width:
-      has_low |= per > 0
-  if segs is None:
-    counts[0], has_low[0] = total, any_low
+    out.append(Leaf(x, rows, width, vec, None if segs is None else segs[i]))
   norm64 = any(x.dtype == torch.float64 for x in leaves)
-  return Batch(out, num_systems, device, norm64, counts, has_low, segs is not None)
+  return Batch(out, num_systems, device, norm64, segs is not None)
 
 
 def sanitize(batch: Batch) -> Batch:

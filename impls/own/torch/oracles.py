@@ -18,8 +18,9 @@ import torch
 
 from clipbench.impls.own.exact import enclosure_sign, magnitudes_of, power_sum
 from clipbench.impls.own.torch.formats import fraction_root, sign
+from clipbench.impls.own.torch.floats import pow2
 from clipbench.impls.own.torch.layout import Batch, gather
-from clipbench.impls.own.torch.measure import Approx, pow2_pair, scale_exponents
+from clipbench.impls.own.torch.measure import scale_exponents
 
 
 class SumOracle:
@@ -168,13 +169,13 @@ def gather_values(batch: Batch, systems: Sequence[int],
   return out
 
 
-def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int],
-                  approx: Approx) -> dict[int, Any]:
-  """Exact norm oracles for the given systems (their exact elements, no rounding)."""
+def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int]) -> dict[int, Any]:
+  """Exact norm oracles for the given systems (their exact elements, no rounding).
+
+  ``kind`` is "sum" or "step": a max or min |x| is known exactly, with no oracle needed.
+  """
   if not systems:
     return {}
-  if kind in ("max", "min"):
-    return {k: ValueOracle(float(approx.mid[k])) for k in systems}
   if kind == "step":
     return _step_oracles(batch, systems)
   parts = gather_values(batch, systems)
@@ -201,8 +202,9 @@ def _step_oracles(batch: Batch, systems: list[int]) -> dict[int, Any]:
     big = torch.zeros(len(systems), dtype=torch.float64, device=batch.device)
     for v, g in zip(vals, groups):
       big.scatter_reduce_(0, g, v.abs().amax(1), "amax")
-    a, b = (torch.as_tensor(t, device=batch.device)
-            for t in pow2_pair(scale_exponents(big.cpu().numpy())))
+    e = scale_exponents(big)
+    half = torch.div(-e, 2, rounding_mode="floor")
+    a, b = pow2(half), pow2(-e - half)  # a * b = 2**-e, each a normal float
     approx = [((v * a[g].unsqueeze(1) * b[g].unsqueeze(1)) ** 2).sum(1)
               for v, g in zip(vals, groups)]
     top = torch.zeros(len(systems), dtype=torch.float64, device=batch.device)

@@ -1,16 +1,22 @@
-"""The Triton kernels: one program per work item (a fixed-size run of one system's rows).
+"""The Triton passes over the data: one launch per dtype group, a table row per program.
 
-Each item kernel reduces one item with tile sizes that depend only on the leaf's row width;
-``combine`` (one program per system) adds, or takes the max/min of, its items' partials in
-item order; ``apply_rows`` writes the outputs. No atomics and no split reductions, so a
-system's partial sums are computed by the same instructions in the same order whatever the
-other systems are (see :mod:`clipbench.impls.own.triton`).
+``measure_items`` reads a group's work items (:mod:`.tables`) once and accumulates what the
+decisions need into the call's scratch buffer (:mod:`.scratch`); ``apply_items`` writes the
+outputs from the decisions. Per system, a program reduces each tile of its item with a
+segmented scan (runs of equal system ids) and adds each run's total into its system with one
+atomic operation: float64 sums of nonnegative terms in any order stay within the certified
+bound (gamma of the system's element count), the extracted float64 pieces are exact in any
+order, and maxima are order-free, so no output bit depends on the order the atomics land in
+(the canonical definitions of :mod:`clipbench.impls.own.torch`). One system (no ids): each
+program writes its item's partials to a slot of its own, reduced in item order by the
+decision kernel.
 
-Arguments are grouped in tuples (Triton passes tuples to kernels): ``items`` is
-``(perm, first_row, row_count, system)`` per item (``perm`` maps sorted positions to rows and is
-read only when ``HAS_PERM``; kernels that read no system get the first three), ``tile`` the
-compile-time ``(HAS_PERM, BLOCK_R, BLOCK_W)``. The PTX for sm_90 is that of the flat
-signatures the kernels had before (checked by compiling both without a GPU).
+Interpreter workarounds, harmless on CUDA: no ``other=`` constants in float loads (the
+interpreter cannot build bfloat16 constants), float64 -> bfloat16 casts go through float32
+(the interpreter's direct cast is wrong; the rounding toward zero below takes either
+neighbour), general p uses ``exp2(p * log2 y)`` (no ``pow`` in the interpreter) with a
+correspondingly larger certified error. Launched with ``enable_fp_fusion=False``: no
+multiply-add is contracted, as in the interpreter and in eager torch.
 """
 
 from __future__ import annotations
@@ -24,7 +30,58 @@ except ImportError as e:  # pragma: no cover - triton is installed in this proje
 else:
   IMPORT_ERROR = ""
 
+from clipbench.impls.own.triton import scratch as S
+
+# What a measure launch accumulates.
+SQUARES, MAGNITUDES, POWERS, EXTREMES, STEPS, PIECES = range(6)
+
 if triton is not None:
+  _SQUARES, _MAGNITUDES, _POWERS, _EXTREMES, _STEPS, _PIECES = (tl.constexpr(v) for v in range(6))
+  SIGN_OFF = tl.constexpr((1 << 63) - 1)
+  INF_BITS = tl.constexpr(0x7FF0000000000000)
+  NCOL = tl.constexpr(8)
+  # Region indices (see scratch.py): tl.constexpr copies for the kernels.
+  R_SUMS, R_BIG, R_SMALL, R_COUNT, R_LOW = (tl.constexpr(v) for v in (
+      S.SUMS, S.BIG, S.SMALL, S.COUNT, S.LOW))
+  R_Q1, R_Q2, R_QT, R_REST = (tl.constexpr(v) for v in (S.Q1, S.Q2, S.QT, S.REST))
+  R_ACTION, R_SCALE, R_RN32, R_RN64 = (tl.constexpr(v) for v in (
+      S.ACTION, S.SCALE, S.RN32, S.RN64))
+  PART_WORDS = tl.constexpr(S.PART_WORDS)
+  R_PARTS = tl.constexpr(S.PARTS)
+  LEAF_WORDS0 = tl.constexpr(S.LEAF_WORDS)
+
+  @triton.jit
+  def pow2(e):
+    """2.0**e for int64 e in [-1074, 1023], exactly (from the exponent bits, in two steps)."""
+    first = tl.minimum(tl.maximum(e, -1022), 1023)
+    rest = tl.minimum(tl.maximum(e - first, -1022), 1023)
+    return (((first + 1023) << 52).to(tl.float64, bitcast=True)
+            * ((rest + 1023) << 52).to(tl.float64, bitcast=True))
+
+  @triton.jit
+  def frexp_exponent(v):
+    """e with finite v > 0 in [2**(e-1), 2**e), as int64 (subnormals too)."""
+    sub = v < 2.2250738585072014e-308
+    w = tl.where(sub, v * 18446744073709551616.0, v)  # 2**64
+    field = (w.to(tl.int64, bitcast=True) >> 52) & 0x7FF
+    return tl.where(sub, field - 1022 - 64, field - 1022)
+
+  @triton.jit
+  def _sum_runs(k1, a1, n1, k2, a2, n2):
+    same = k1 == k2
+    return k2, tl.where(same, a1 + a2, a2), tl.where(same, n1 + n2, n2)
+
+  @triton.jit
+  def _max_runs(k1, a1, b1, n1, k2, a2, b2, n2):
+    same = k1 == k2
+    return (k2, tl.where(same, tl.maximum(a1, a2), a2), tl.where(same, tl.maximum(b1, b2), b2),
+            tl.where(same, n1 + n2, n2))
+
+  @triton.jit
+  def _pieces_runs(k1, a1, b1, c1, d1, k2, a2, b2, c2, d2):
+    same = k1 == k2
+    return (k2, tl.where(same, a1 + a2, a2), tl.where(same, b1 + b2, b2),
+            tl.where(same, c1 + c2, c2), tl.where(same, d1 + d2, d2))
 
   @triton.jit
   def _load_f64(ptrs, mask):
@@ -32,137 +89,98 @@ if triton is not None:
     return tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float64), 0.0)
 
   @triton.jit
-  def _load_tile(x_ptr, base, rmask, c0, width, BLOCK_W: tl.constexpr):
-    """Columns c0 .. c0 + BLOCK_W of the rows at ``base``, as float64 (0 outside), and the mask."""
-    cols = c0 + tl.arange(0, BLOCK_W)
-    m = rmask[:, None] & (cols < width)[None, :]
-    return _load_f64(x_ptr + base[:, None] + cols[None, :], m), m
-
-  @triton.jit
-  def _item_span(items):
-    """This program's item: its first sorted position and its row count."""
-    pid = tl.program_id(0)
-    return tl.load(items[1] + pid), tl.load(items[2] + pid)
-
-  @triton.jit
-  def _item_rows(items, start, r, count, width, tile: tl.constexpr):
-    """Rows r .. r + BLOCK_R of an item: their mask and the offsets of their first elements."""
-    HAS_PERM: tl.constexpr = tile[0]
-    BLOCK_R: tl.constexpr = tile[1]
-    local = r + tl.arange(0, BLOCK_R)
-    rmask = local < count
-    pos = start + local
-    if HAS_PERM:
-      row = tl.load(items[0] + pos, mask=rmask, other=0)
+  def _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM: tl.constexpr):
+    """Per unit: e of its system's max |x| (frexp's exponent, 0 for 0 or non-finite), and the
+    system's element count (for the float64 extraction's grids)."""
+    if PER_SYSTEM:
+      k = tl.where(valid, key, 0)
+      big = tl.load(f64 + base + R_BIG * K + k, mask=valid, other=0.0)
+      count = tl.load(f64 + base + R_COUNT * K + k, mask=valid, other=1.0)
     else:
-      row = pos
-    return rmask, row.to(tl.int64) * width
+      big = tl.load(f64 + base + R_BIG * K) + tl.zeros_like(key).to(tl.float64)
+      count = n_total.to(tl.float64) + tl.zeros_like(key).to(tl.float64)
+    ok = (big > 0) & (big < float("inf"))
+    return tl.where(ok, frexp_exponent(tl.where(ok, big, 1.0)), 0), tl.maximum(count, 1.0)
 
   @triton.jit
-  def item_power_sums(x_ptr, items, scale_ptr, out_ptr, p_ptr, width, MODE: tl.constexpr,
-                      tile: tl.constexpr):
-    """One work item: float64 sum over its rows of x**2 (MODE 0), |x| (1), (|x| s)**p (2)."""
-    BLOCK_R: tl.constexpr = tile[1]
-    BLOCK_W: tl.constexpr = tile[2]
-    pid = tl.program_id(0)
-    p = tl.load(p_ptr)  # float64 (a Python float argument would be float32)
-    start, count = _item_span(items)
-    sc = tl.load(scale_ptr + tl.load(items[3] + pid))
-    acc = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float64)
-    for r in range(0, count, BLOCK_R):
-      rmask, base = _item_rows(items, start, r, count, width, tile)
-      for c0 in range(0, width, BLOCK_W):
-        x, _ = _load_tile(x_ptr, base, rmask, c0, width, BLOCK_W)
-        if MODE == 0:
-          t = x * x
-        elif MODE == 1:
-          t = tl.abs(x)
-        else:
-          y = tl.abs(x) * sc
-          t = tl.where(y > 0, tl.exp2(p * tl.log2(tl.where(y > 0, y, 1.0))), 0.0)
-        acc += t
-    tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+  def measure_items(table, scratch, base, K, n_total, slot0, p_bits, DTYPE: tl.constexpr,
+                    MODE: tl.constexpr, PER_SYSTEM: tl.constexpr, COUNTS: tl.constexpr,
+                    FLAG_LOW: tl.constexpr, SQUARE: tl.constexpr, VEC: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """One work item of one leaf: what the MODE accumulates, per system or into its slot.
 
-  @triton.jit
-  def item_extremes(x_ptr, items, max_ptr, min_ptr, width, tile: tl.constexpr):
-    """One work item: max |x| (NaN if any NaN) and min |x| over its rows."""
-    BLOCK_R: tl.constexpr = tile[1]
-    BLOCK_W: tl.constexpr = tile[2]
-    pid = tl.program_id(0)
-    start, count = _item_span(items)
-    big = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float64)
-    small = tl.full([BLOCK_R, BLOCK_W], float("inf"), dtype=tl.float64)
-    nans = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.int32)
-    for r in range(0, count, BLOCK_R):
-      rmask, base = _item_rows(items, start, r, count, width, tile)
-      for c0 in range(0, width, BLOCK_W):
-        x, m = _load_tile(x_ptr, base, rmask, c0, width, BLOCK_W)
-        a = tl.abs(x)
-        is_nan = a != a
-        nans += is_nan.to(tl.int32)
-        big = tl.maximum(big, tl.where(is_nan, 0.0, a))
-        small = tl.minimum(small, tl.where(m & (a == a), a, float("inf")))
-    top = tl.max(tl.max(big, axis=1), axis=0)
-    has_nan = tl.sum(tl.sum(nans, axis=1), axis=0) > 0
-    tl.store(max_ptr + pid, tl.where(has_nan, float("nan"), top))
-    tl.store(min_ptr + pid, tl.min(tl.min(small, axis=1), axis=0))
-
-  @triton.jit
-  def item_step(x_ptr, items, out_ptr, width, nvec, vec, tile: tl.constexpr):
-    """One work item: the largest float64 sum of squares of a step vector in its rows.
-
-    ``tile`` is ``(HAS_PERM, BLOCK_R, BLOCK_V)``: BLOCK_V step vectors of a row at a time.
+    ``base`` is the first per-system word of the scratch buffer; the summary words before it
+    hold each leaf's worst segment ids (ids below 0, and above K - 1, as excesses: 0 means
+    none). ``COUNTS`` adds each system's element count; ``FLAG_LOW`` marks the systems that
+    hold an element of this (float16/bfloat16/float32) group.
     """
-    BLOCK_R: tl.constexpr = tile[1]
-    BLOCK_V: tl.constexpr = tile[2]
     pid = tl.program_id(0)
-    start, count = _item_span(items)
-    best = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.float64)
-    nans = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.int32)
-    for r in range(0, count, BLOCK_R):
-      rmask, base = _item_rows(items, start, r, count, width, tile)
-      for v0 in range(0, nvec, BLOCK_V):
-        vs = v0 + tl.arange(0, BLOCK_V)
-        m = rmask[:, None] & (vs < nvec)[None, :]
-        acc = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.float64)
-        for d in range(0, vec):
-          x = _load_f64(x_ptr + base[:, None] + vs[None, :] * vec + d, m)
-          acc += x * x
-        is_nan = acc != acc
-        nans += is_nan.to(tl.int32)
-        best = tl.maximum(best, tl.where(is_nan, 0.0, acc))
-    top = tl.max(tl.max(best, axis=1), axis=0)
-    has_nan = tl.sum(tl.sum(nans, axis=1), axis=0) > 0
-    tl.store(out_ptr + pid, tl.where(has_nan, float("nan"), top))
-
-  @triton.jit
-  def item_pieces(x_ptr, items, params_ptr, out_ptr, width, SQUARE: tl.constexpr,
-                  tile: tl.constexpr):
-    """One work item: sums of the error-free extracted pieces (q1, q2, qt, rest), float64.
-
-    ``params`` holds per system (a, b, sigma1, sigma2, sigma_t), as the eager
-    ``piece_row_sums`` reads them.
-    """
-    BLOCK_R: tl.constexpr = tile[1]
-    BLOCK_W: tl.constexpr = tile[2]
-    pid = tl.program_id(0)
-    start, count = _item_span(items)
-    k = tl.load(items[3] + pid)
-    a = tl.load(params_ptr + k * 5)
-    b = tl.load(params_ptr + k * 5 + 1)
-    s1 = tl.load(params_ptr + k * 5 + 2)
-    s2 = tl.load(params_ptr + k * 5 + 3)
-    st = tl.load(params_ptr + k * 5 + 4)
-    acc1 = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float64)
-    acc2 = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float64)
-    acc3 = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float64)
-    acc4 = tl.zeros([BLOCK_R, BLOCK_W], dtype=tl.float64)
-    for r in range(0, count, BLOCK_R):
-      rmask, base = _item_rows(items, start, r, count, width, tile)
-      for c0 in range(0, width, BLOCK_W):
-        x, _ = _load_tile(x_ptr, base, rmask, c0, width, BLOCK_W)
-        y = tl.abs(x)
-        y = (y * a) * b
+    row = table + pid * NCOL
+    x = tl.load(row).to(tl.pointer_type(DTYPE), bitcast=True)
+    start = tl.load(row + 2)
+    count = tl.load(row + 3)
+    per_row = tl.load(row + 4)
+    leaf = tl.load(row + 5)
+    unit = tl.load(row + 6)
+    f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
+    p = p_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    lanes = tl.arange(0, BLOCK)
+    acc_a = tl.zeros([BLOCK], dtype=tl.float64)
+    acc_b = tl.zeros([BLOCK], dtype=tl.float64)
+    acc_c = tl.zeros([BLOCK], dtype=tl.float64)
+    acc_d = tl.zeros([BLOCK], dtype=tl.float64)
+    top = tl.zeros([BLOCK], dtype=tl.int64)
+    bottom = tl.zeros([BLOCK], dtype=tl.int64)
+    below = tl.zeros([BLOCK], dtype=tl.int64)
+    above = tl.zeros([BLOCK], dtype=tl.int64)
+    for off in range(0, count, BLOCK):
+      u = off + lanes
+      m = u < count
+      units = start + u
+      if PER_SYSTEM:
+        ids = tl.load(row + 1).to(tl.pointer_type(tl.int64), bitcast=True)
+        raw = tl.load(ids + units // per_row, mask=m, other=0)
+        valid = m & (raw >= 0) & (raw < K)
+        below = tl.maximum(below, tl.where(m & (raw < 0), -raw, 0))
+        above = tl.maximum(above, tl.where(m & (raw >= K), raw - K + 1, 0))
+        later = m & (u + 1 < count) & (lanes < BLOCK - 1)
+        nxt = tl.load(ids + (units + 1) // per_row, mask=later, other=-1)
+        end = valid & (nxt != raw)
+        key = tl.where(valid, raw, -1)
+      else:
+        valid = m
+        key = tl.zeros([BLOCK], dtype=tl.int64)
+      if MODE == _STEPS:
+        d = tl.arange(0, VEC)
+        vm = valid[:, None] & (d[None, :] < unit)
+        v = _load_f64(x + units[:, None] * unit + d[None, :], vm)
+        sq = tl.sum(v * v, axis=1)
+        a_bits = tl.where(valid, sq.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
+        b_bits = tl.zeros([BLOCK], dtype=tl.int64)
+        weight = unit.to(tl.float64)
+      else:
+        v = _load_f64(x + units, valid)
+        weight = 1.0
+      if MODE == _EXTREMES:
+        a_bits = tl.where(valid, v.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
+        b_bits = tl.where(valid, INF_BITS - tl.minimum(a_bits, INF_BITS), 0)  # NaN left out
+      if MODE == _SQUARES:
+        term = v * v
+      elif MODE == _MAGNITUDES:
+        term = tl.abs(v)
+      elif MODE == _POWERS:
+        e, _ = _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM)
+        y = tl.abs(v) * pow2(-e)
+        term = tl.where(y > 0, tl.exp2(p * tl.log2(tl.where(y > 0, y, 1.0))), 0.0)
+      elif MODE == _PIECES:
+        e, n = _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM)
+        half = -e // 2  # floor division: a * b = 2**-e, each a normal float
+        half = tl.where(half * 2 > -e, half - 1, half)
+        grow = pow2(frexp_exponent(n) + 2)
+        s1 = grow
+        s2 = grow * 1.1102230246251565e-16 * grow  # sigma1 * u * grow
+        st = grow * 5.9604644775390625e-08  # 2**-24 * grow
+        y = (tl.abs(v) * pow2(half)) * pow2(-e - half)
         if SQUARE:
           yh = (y.to(tl.int64, bitcast=True) & -134217728).to(tl.float64, bitcast=True)
           yl = y - yh
@@ -178,74 +196,113 @@ if triton is not None:
         if SQUARE:
           qt = (t2 + st) - st
           rest = rest + (t2 - qt) + t3
-          acc3 += qt
-        acc1 += q1
-        acc2 += q2
-        acc4 += rest
-    tl.store(out_ptr + pid * 4, tl.sum(tl.sum(acc1, axis=1), axis=0))
-    tl.store(out_ptr + pid * 4 + 1, tl.sum(tl.sum(acc2, axis=1), axis=0))
-    tl.store(out_ptr + pid * 4 + 2, tl.sum(tl.sum(acc3, axis=1), axis=0))
-    tl.store(out_ptr + pid * 4 + 3, tl.sum(tl.sum(acc4, axis=1), axis=0))
-
-  @triton.jit
-  def combine(part_ptr, first_ptr, count_ptr, out_ptr, stride, MODE: tl.constexpr):
-    """One program per system: its items' partials in item order (0 sum, 1 max, 2 min)."""
-    k = tl.program_id(0)
-    first = tl.load(first_ptr + k)
-    count = tl.load(count_ptr + k)
-    if MODE == 2:
-      acc = tl.full([1], float("inf"), dtype=tl.float64)
-    else:
-      acc = tl.zeros([1], dtype=tl.float64)
-    for i in range(0, count):
-      v = tl.load(part_ptr + (first + i) * stride + tl.zeros([1], dtype=tl.int64))
-      if MODE == 0:
-        acc = acc + v
-      elif MODE == 1:
-        acc = tl.where((v != v) | (acc != acc), float("nan"), tl.maximum(acc, v))
+        else:
+          qt = tl.zeros_like(q1)
+      ones = tl.where(valid, weight, 0.0)
+      if PER_SYSTEM:
+        if MODE == _EXTREMES:
+          _, a_run, b_run, n_run = tl.associative_scan((key, a_bits, b_bits, ones), 0, _max_runs)
+          tl.atomic_max(scratch + base + R_BIG * K + key, a_run, mask=end)
+          tl.atomic_max(scratch + base + R_SMALL * K + key, b_run, mask=end)
+        elif MODE == _STEPS:
+          _, a_run, b_run, n_run = tl.associative_scan((key, a_bits, b_bits, ones), 0, _max_runs)
+          tl.atomic_max(scratch + base + R_SUMS * K + key, a_run, mask=end)
+        elif MODE == _PIECES:
+          _, a_run, b_run, c_run, d_run = tl.associative_scan((key, q1, q2, qt, rest), 0,
+                                                              _pieces_runs)
+          tl.atomic_add(f64 + base + R_Q1 * K + key, a_run, mask=end)
+          tl.atomic_add(f64 + base + R_Q2 * K + key, b_run, mask=end)
+          tl.atomic_add(f64 + base + R_QT * K + key, c_run, mask=end)
+          tl.atomic_add(f64 + base + R_REST * K + key, d_run, mask=end)
+          n_run = ones
+        else:
+          _, a_run, n_run = tl.associative_scan((key, tl.where(valid, term, 0.0), ones), 0,
+                                                _sum_runs)
+          tl.atomic_add(f64 + base + R_SUMS * K + key, a_run, mask=end)
+        if COUNTS:
+          tl.atomic_add(f64 + base + R_COUNT * K + key, n_run, mask=end)
+        if FLAG_LOW:
+          tl.atomic_max(scratch + base + R_LOW * K + key, tl.full([BLOCK], 1, tl.int64),
+                        mask=end)
       else:
-        acc = tl.minimum(acc, v)
-    tl.store(out_ptr + k + tl.zeros([1], dtype=tl.int64), acc)
+        if MODE == _EXTREMES or MODE == _STEPS:
+          top = tl.maximum(top, a_bits)
+          bottom = tl.maximum(bottom, b_bits)
+        elif MODE == _PIECES:
+          acc_a += tl.where(valid, q1, 0.0)
+          acc_b += tl.where(valid, q2, 0.0)
+          acc_c += tl.where(valid, qt, 0.0)
+          acc_d += tl.where(valid, rest, 0.0)
+        else:
+          acc_a += tl.where(valid, term, 0.0)
+    if PER_SYSTEM:
+      worst_below = tl.max(below, axis=0)
+      worst_above = tl.max(above, axis=0)
+      tl.atomic_max(scratch + LEAF_WORDS0 + 2 * leaf, worst_below, mask=worst_below > 0)
+      tl.atomic_max(scratch + LEAF_WORDS0 + 2 * leaf + 1, worst_above, mask=worst_above > 0)
+    else:
+      if MODE == _EXTREMES:
+        tl.atomic_max(scratch + base + R_BIG * K, tl.max(top, axis=0))
+        tl.atomic_max(scratch + base + R_SMALL * K, tl.max(bottom, axis=0))
+      elif MODE == _STEPS:
+        tl.atomic_max(scratch + base + R_SUMS * K, tl.max(top, axis=0))
+      else:
+        slot = f64 + base + R_PARTS * K + (slot0 + pid) * PART_WORDS
+        tl.store(slot, tl.sum(acc_a, axis=0))
+        tl.store(slot + 1, tl.sum(acc_b, axis=0))
+        tl.store(slot + 2, tl.sum(acc_c, axis=0))
+        tl.store(slot + 3, tl.sum(acc_d, axis=0))
 
   @triton.jit
-  def apply_rows(x_ptr, out_ptr, seg_ptr, per_system, rows, width, tile: tl.constexpr):
-    """Output rows: 0 keep, 1 x*s rounded to nearest, 2 x*s rounded toward zero, 3 NaN.
+  def apply_items(table, out, scratch, base, K, DTYPE: tl.constexpr, INT: tl.constexpr,
+                  PER_SYSTEM: tl.constexpr, BLOCK: tl.constexpr):
+    """One work item's outputs: each element kept, x*s to nearest or toward zero, or NaN.
 
-    ``per_system`` is ``(code, s in the rounding dtype, s in float64)`` per system; ``tile``
-    ``(HAS_SEG, INT, BLOCK_R, BLOCK_W)`` with INT the integer type of the leaf's width.
+    float32 elements round to nearest where their system's ``rn32`` says so, float64 where
+    ``rn64`` does (elsewhere the host rewrites those rows exactly), float16/bfloat16 always
+    toward zero (x*s is exact in float64 for them).
     """
-    code_ptr, slow_ptr, s64_ptr = per_system
-    HAS_SEG: tl.constexpr = tile[0]
-    INT: tl.constexpr = tile[1]
-    BLOCK_R: tl.constexpr = tile[2]
-    BLOCK_W: tl.constexpr = tile[3]
     pid = tl.program_id(0)
-    rws = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rws < rows
-    if HAS_SEG:
-      k = tl.load(seg_ptr + rws, mask=rmask, other=0)
-    else:
-      k = tl.zeros([BLOCK_R], dtype=tl.int64)
-    code = tl.load(code_ptr + k, mask=rmask, other=0)[:, None]
-    s_low = tl.load(slow_ptr + k, mask=rmask, other=0.0)[:, None]
-    s64 = tl.load(s64_ptr + k, mask=rmask, other=0.0)[:, None]
-    base = rws.to(tl.int64) * width
-    for c0 in range(0, width, BLOCK_W):
-      cols = c0 + tl.arange(0, BLOCK_W)
-      m = rmask[:, None] & (cols < width)[None, :]
-      ptrs = base[:, None] + cols[None, :]
-      x = tl.load(x_ptr + ptrs, mask=m)
-      rn = (x.to(s_low.dtype) * s_low).to(x.dtype)
-      exact = x.to(tl.float64) * s64
-      if x.dtype == tl.float64:
-        y = exact
+    row = table + pid * NCOL
+    x = tl.load(row).to(tl.pointer_type(DTYPE), bitcast=True)
+    start = tl.load(row + 2)
+    count = tl.load(row + 3)
+    per_row = tl.load(row + 4)
+    y_out = out + tl.load(row + 7)
+    f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
+    lanes = tl.arange(0, BLOCK)
+    for off in range(0, count, BLOCK):
+      u = off + lanes
+      m = u < count
+      units = start + u
+      if PER_SYSTEM:
+        ids = tl.load(row + 1).to(tl.pointer_type(tl.int64), bitcast=True)
+        k = tl.load(ids + units // per_row, mask=m, other=0)
       else:
-        # Through float32: the interpreter's float64 -> bfloat16 cast is broken. Any
+        k = tl.zeros([BLOCK], dtype=tl.int64)
+      action = tl.load(scratch + base + R_ACTION * K + k, mask=m, other=0)
+      s64 = tl.load(f64 + base + R_SCALE * K + k, mask=m, other=0.0)
+      if DTYPE == tl.float32:
+        nearest = tl.load(scratch + base + R_RN32 * K + k, mask=m, other=1) != 0
+      elif DTYPE == tl.float64:
+        nearest = tl.load(scratch + base + R_RN64 * K + k, mask=m, other=1) != 0
+      else:
+        nearest = tl.zeros([BLOCK], dtype=tl.int1)
+      xv = tl.load(x + units, mask=m)
+      if DTYPE == tl.float64:
+        rn = xv * s64
+        exact = rn
+        y = rn
+      else:
+        rn = (xv.to(tl.float32) * s64.to(tl.float32)).to(DTYPE)
+        exact = xv.to(tl.float64) * s64
+        # Through float32: the interpreter's float64 -> bfloat16 cast is broken. Either
         # neighbour of the exact value will do: the next lines round toward zero.
-        y = exact.to(tl.float32).to(x.dtype)
+        y = exact.to(tl.float32).to(DTYPE)
       over = tl.abs(y.to(tl.float64)) > tl.abs(exact)
       bits = y.to(INT, bitcast=True)
-      rtz = tl.where(over, bits - 1, bits).to(x.dtype, bitcast=True)
-      nan = tl.full([BLOCK_R, BLOCK_W], float("nan"), dtype=tl.float32).to(x.dtype)
-      out = tl.where(code == 0, x, tl.where(code == 1, rn, tl.where(code == 2, rtz, nan)))
-      tl.store(out_ptr + ptrs, out, mask=m)
+      rtz = tl.where(over, bits - 1, bits).to(DTYPE, bitcast=True)
+      nan = tl.full([BLOCK], float("nan"), dtype=tl.float32).to(DTYPE)
+      scaled = tl.where(nearest, rn, rtz)
+      result = tl.where(action == 0, xv, tl.where(action == 1, scaled, nan))
+      tl.store(y_out + units, result, mask=m)

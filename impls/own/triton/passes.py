@@ -1,92 +1,69 @@
-"""The passes of the torch implementation (``EagerKernels``) run by the Triton kernels.
+"""The Triton route of a call: a fixed number of launches, one host read.
 
-The host side of each pass: the work items of a leaf, the launches, and the per-system
-results handed to the shared torch decisions (so the bits are those of the eager
-implementation).
+Per call: the scratch buffer is zeroed (one operator); each pass is one launch per dtype group
+of leaves (per vector length for max-step) over a table of work items (:mod:`.tables`); one
+launch decides every system (:mod:`.decision_kernel`) and writes the call's summary, which the
+host reads in one transfer; one launch per dtype group writes the outputs into one buffer per
+dtype, cut into the output tensors as views. The exact near-tie path, and the argument errors
+the device found, are those of the eager route (:mod:`clipbench.impls.own.torch.decisions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 import numpy as np
 import torch
 
-from clipbench.impls.own.torch.apply import (HOST_CODE, KEEP_CODE, Plan, apply_leaf,
-                                             leaf_codes)
+from clipbench.impls.own.torch import decisions
+from clipbench.impls.own.torch.apply import host_scale_toward_zero
+from clipbench.impls.own.torch.arguments import Threshold
+from clipbench.impls.own.torch.certified import Pieces
+from clipbench.impls.own.torch.decisions import Plan, Single
 from clipbench.impls.own.torch.eager_passes import EagerKernels
+from clipbench.impls.own.torch.floats import U64, gamma
 from clipbench.impls.own.torch.layout import Batch, Leaf
-from clipbench.impls.own.triton import kernels
+from clipbench.impls.own.torch.measure import Measured
+from clipbench.impls.own.triton import decision_kernel as dk
+from clipbench.impls.own.triton import kernels, scratch as S, tables
+from clipbench.impls.own.triton.scratch import Scratch
 
 # Read once, as triton does: the interpreter is chosen before triton is first imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
 
-# Elements per work item (rows per item = ITEM_ELEMS // row width) and per kernel tile.
-ITEM_ELEMS = 1 << 16
-TILE_ELEMS = 2048
+BLOCK = 1024  # units per tile of a measure or apply program
+DECIDE_BLOCK = 256  # systems per decision program
+_LAUNCH = {"enable_fp_fusion": False}
 
+_TL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+             torch.float64: "float64"}
 _INT_OF = {torch.float16: "int16", torch.bfloat16: "int16", torch.float32: "int32",
            torch.float64: "int64"}
 
 
-def _pow2(n: int, cap: int) -> int:
-  return min(cap, 1 << max(0, (max(n, 1) - 1).bit_length()))
+def _tl(name: str):
+  return getattr(kernels.tl, name)
+
+
+def _bits(value: float) -> int:
+  """A float64 as the int64 of its bits (a kernel argument that stays float64)."""
+  return int(np.array([value], np.float64).view(np.int64)[0])
+
+
+def _pow2_at_least(n: int) -> int:
+  return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
 @dataclasses.dataclass
-class Items:
-  """Work items of one leaf: runs of at most ``rows_per_item`` rows of one system."""
+class ScratchPlan(Plan):
+  """A plan whose per-system tensors are regions of the call's scratch buffer."""
 
-  perm: torch.Tensor | None  # sorted position -> row (None: rows already sorted)
-  row: torch.Tensor  # first sorted position of each item
-  count: torch.Tensor  # rows of each item
-  system: torch.Tensor  # system of each item
-  first: torch.Tensor  # per system: its first item
-  per_system: torch.Tensor  # per system: number of items
-  num: int
-
-  @property
-  def has_perm(self) -> bool:
-    return self.perm is not None
-
-  def rows(self) -> tuple[torch.Tensor, ...]:
-    """``(perm, first_row, row_count)``: the kernels' ``items`` where no system is read."""
-    perm = self.perm if self.perm is not None else _placeholder(self.row.device)
-    return perm, self.row, self.count
-
-  def pointers(self) -> tuple[torch.Tensor, ...]:
-    """The kernels' ``items`` tuple (a placeholder stands for an absent ``perm``)."""
-    return self.rows() + (self.system,)
-
-
-def _placeholder(device) -> torch.Tensor:
-  return torch.zeros(1, dtype=torch.int64, device=device)
-
-
-def make_items(seg: torch.Tensor | None, rows: int, K: int, rows_per_item: int,
-               is_sorted: bool, device) -> Items:
-  """Items aligned to each system's first row (a system's items do not depend on others)."""
-  if seg is None:
-    counts = torch.tensor([rows], dtype=torch.int64, device=device)
-    perm = None
-  else:
-    counts = torch.bincount(seg, minlength=K)
-    perm = None if is_sorted else torch.sort(seg, stable=True).indices
-  starts = torch.cumsum(counts, 0) - counts
-  per_system = (counts + rows_per_item - 1) // rows_per_item
-  first = torch.cumsum(per_system, 0) - per_system
-  num = int(per_system.sum())
-  system = torch.repeat_interleave(torch.arange(counts.numel(), device=device), per_system)
-  j = torch.arange(num, device=device) - first[system]
-  row = starts[system] + j * rows_per_item
-  count = torch.minimum(torch.full_like(row, rows_per_item), counts[system] - j * rows_per_item)
-  return Items(perm, row, count, system, first, per_system, num)
+  scratch: Scratch | None = None
 
 
 class TritonKernels(EagerKernels):
-  """The passes of ``EagerKernels`` as Triton kernels (see the package docstring)."""
+  """The passes, decisions and outputs of a call as Triton launches (module docstring)."""
 
   # exp2(p * log2(y)) for y <= 1: relative error <= (1.4 |p log2 y| + 3) u per term, whose
   # largest absolute value over y in [0, 1] is below 2**-51 (taken with margins).
@@ -98,164 +75,203 @@ class TritonKernels(EagerKernels):
       raise ValueError(f"leaves[0]: on {batch.device}; the Triton implementation needs CUDA "
                        "tensors, or TRITON_INTERPRET=1 for CPU tensors")
 
-  def _leaf_view(self, leaf: Leaf, K: int, flat: bool):
-    """(matrix, items, tile) for one leaf; global leaves are read as one flat column.
+  def prepare(self, batch: Batch) -> Batch:
+    """Leaves and ids made contiguous (the kernels address them flat); the rest is found by
+    the kernels themselves."""
+    self._check_device(batch)
+    low = any(leaf.low and leaf.numel for leaf in batch.leaves)
+    batch.prec = 24 if low or not batch.norm64 else 53  # per system where both (see _resolve)
+    for leaf in batch.leaves:
+      if not leaf.x.is_contiguous():
+        leaf.x = leaf.x.contiguous()
+      if leaf.seg is not None and not leaf.seg.is_contiguous():
+        leaf.seg = leaf.seg.contiguous()
+    return batch
 
-    ``tile`` is the item kernels' ``(HAS_PERM, BLOCK_R, BLOCK_W)``.
-    """
-    if leaf.seg is None and flat:
-      m = leaf.x.reshape(-1, 1)
+  # ------------------------------------------------------------------------------ the call
+  def plan(self, batch: Batch, kind: str, p: float, threshold: Threshold,
+           certified: bool = True) -> Plan:
+    K, dev = batch.num_systems, batch.device
+    groups = _groups(batch, steps=kind == "step" and not batch.norm64)
+    per_system = batch.per_system
+    items = sum(t.items for _, t in groups) if not per_system else 0
+    scratch = Scratch(K, len(batch.leaves), items, dev)
+    norm64 = batch.norm64
+    low = any(leaf.low and leaf.numel for leaf in batch.leaves)
+    if kind == "step" and norm64:  # the exact path for every system: only the flags here
+      self._measure(scratch, groups, batch, kernels.EXTREMES, counts=True, low=low)
+      decide_kind = dk.EXACT
+    elif kind == "step":
+      self._measure(scratch, groups, batch, kernels.STEPS, counts=True, low=False)
+      decide_kind = dk.STEP
+    elif kind == "sum" and p in (1.0, 2.0) and not norm64:
+      mode = kernels.SQUARES if p == 2 else kernels.MAGNITUDES
+      self._measure(scratch, groups, batch, mode, counts=True, low=False)
+      decide_kind = dk.SUM
     else:
-      m = leaf.matrix()
-    m = m.contiguous()
-    rows, width = m.shape
-    rpi = max(1, ITEM_ELEMS // max(width, 1))
-    items = make_items(leaf.seg, rows, K if leaf.seg is not None else 1, rpi, leaf.sorted,
-                       m.device)
-    block_w = _pow2(width, 64)
-    return m, items, (items.has_perm, max(1, TILE_ELEMS // block_w), block_w)
-
-  def _combine(self, parts: torch.Tensor, items: Items, mode: int, stride: int = 1,
-               offset: int = 0) -> torch.Tensor:
-    k = items.first.numel()
-    out = torch.empty(k, dtype=torch.float64, device=parts.device)
-    if k:
-      kernels.combine[(k,)](parts.reshape(-1)[offset:], items.first, items.per_system, out,
-                            stride, MODE=mode)
-    return out
-
-  # ------------------------------------------------------------------ power sums (float32)
-  def power_sums(self, batch: Batch, p: float,
-                 scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    self._check_device(batch)
-    K = batch.num_systems
-    dev = batch.device
-    sums = torch.zeros(K, dtype=torch.float64, device=dev)
-    scale_t = torch.as_tensor(np.ones(max(K, 1)) if scale is None else scale,
-                              dtype=torch.float64, device=dev)
-    mode = 0 if (p == 2 and scale is None) else 1 if (p == 1 and scale is None) else 2
-    p_t = torch.tensor([p], dtype=torch.float64, device=dev)
-    worst = 1
-    for leaf in batch.leaves:
-      if leaf.numel == 0:
-        continue
-      m, items, tile = self._leaf_view(leaf, K, flat=True)
-      parts = torch.empty(items.num, dtype=torch.float64, device=dev)
-      kernels.item_power_sums[(items.num,)](m, items.pointers(), scale_t, parts, p_t,
-                                            m.shape[1], MODE=mode, tile=tile)
-      combined = self._combine(parts, items, 0)
-      if leaf.seg is None:
-        sums[0] += combined[0]
-        worst = max(worst, ITEM_ELEMS + items.num)
+      self._measure(scratch, groups, batch, kernels.EXTREMES, counts=True, low=norm64 and low)
+      if kind in ("max", "min"):
+        decide_kind = dk.MAX if kind == "max" else dk.MIN
+      elif norm64 and p in (1.0, 2.0):
+        self._measure(scratch, groups, batch, kernels.PIECES, square=p == 2, counts=False,
+                      low=False)
+        decide_kind = dk.PIECES
+      elif norm64:
+        decide_kind = dk.EXACT
       else:
-        sums += combined
-    depth = np.minimum(batch.counts, worst if not batch.per_system else batch.counts)
-    return sums.cpu().numpy(), depth + len(batch.leaves) + 2
+        self._measure(scratch, groups, batch, kernels.POWERS, p=p, counts=False, low=False)
+        decide_kind = dk.POWER
+    self._decide(scratch, batch, threshold, decide_kind, p, items, certified, low)
+    return self._read(scratch, batch, threshold, kind, p, certified)
 
-  # ----------------------------------------------------------------------- maxima, minima
-  def extremes(self, batch: Batch, want_min: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    self._check_device(batch)
+  def _measure(self, scratch: Scratch, groups, batch: Batch, mode: int, counts: bool,
+               low: bool, p: float = 2.0, square: bool = False) -> None:
+    """One launch per group: what ``mode`` accumulates, into the scratch buffer."""
+    slot = 0
+    for (dtype, vec), table in groups:
+      kernels.measure_items[(table.items,)](
+          table.rows, scratch.buffer, scratch.base, batch.num_systems, batch.numel, slot,
+          _bits(p), DTYPE=_tl(_TL_DTYPE[dtype]), MODE=mode, PER_SYSTEM=batch.per_system,
+          COUNTS=counts and batch.per_system, FLAG_LOW=low and dtype != torch.float64,
+          SQUARE=square, VEC=vec, BLOCK=BLOCK // vec, **_LAUNCH)
+      slot += table.items
+
+  def _decide(self, scratch: Scratch, batch: Batch, threshold: Threshold, decide_kind: int,
+              p: float, items: int, certified: bool, low: bool) -> None:
+    """One launch: every system's decisions, the plan and the summary."""
     K = batch.num_systems
-    dev = batch.device
-    big = torch.zeros(K, dtype=torch.float64, device=dev)
-    small = torch.full((K,), math.inf, dtype=torch.float64, device=dev)
-    for leaf in batch.leaves:
-      if leaf.numel == 0:
-        continue
-      m, items, tile = self._leaf_view(leaf, K, flat=True)
-      hi = torch.empty(items.num, dtype=torch.float64, device=dev)
-      lo = torch.empty(items.num, dtype=torch.float64, device=dev)
-      kernels.item_extremes[(items.num,)](m, items.rows(), hi, lo, m.shape[1], tile=tile)
-      leaf_big = self._combine(hi, items, 1)
-      leaf_small = self._combine(lo, items, 2)
-      if leaf.seg is None:
-        big[:1] = torch.maximum(big[:1], leaf_big)
-        small[:1] = torch.minimum(small[:1], leaf_small)
-      else:
-        big = torch.maximum(big, leaf_big)
-        small = torch.minimum(small, leaf_small)
-    big = big.cpu().numpy()
-    if not want_min:
-      return big, None
-    small = small.cpu().numpy()
-    small[batch.counts == 0] = 0.0
-    return big, small
+    if threshold.tensor is not None:
+      thr, thr_bits = threshold.tensor, 0
+      mode = 2 if threshold.tensor.numel() == 1 else 1
+    elif threshold.values.size == 1:
+      thr, thr_bits, mode = scratch.buffer, _bits(float(threshold.values[0])), 0
+    else:
+      thr, thr_bits, mode = threshold.on(batch.device), 0, 1
+    longest = max((leaf.vec for leaf in batch.leaves if leaf.numel), default=1)
+    rel = gamma(longest + 1) * 0.5001 + 4 * U64
+    depth = tables.ITEM_UNITS + items + len(batch.leaves) + 8
+    dtypes = {leaf.x.dtype for leaf in batch.leaves if leaf.numel}
+    prec = (0 if batch.per_system else 24) if batch.norm64 and low else (
+        53 if batch.norm64 else 24)
+    if K:
+      dk.decide_systems[(triton_cdiv(K, DECIDE_BLOCK),)](
+          scratch.buffer, scratch.base, K, len(batch.leaves), items, batch.numel, thr,
+          thr_bits, _bits(p), _bits(float(depth)), _bits(rel), KIND=decide_kind,
+          P=int(p) if decide_kind in (dk.SUM, dk.PIECES) else 1, PER_SYSTEM=batch.per_system,
+          NORM64=batch.norm64, PREC=prec, THRESHOLD=mode,
+          CHECK_THRESHOLD=threshold.tensor is not None, CERTIFIED=certified,
+          HAS32=torch.float32 in dtypes, HAS64=torch.float64 in dtypes, BLOCK=DECIDE_BLOCK,
+          **_LAUNCH)
 
-  # --------------------------------------------------------------------------- step norms
-  def step_sums(self, batch: Batch) -> tuple[np.ndarray, int]:
-    self._check_device(batch)
+  def _read(self, scratch: Scratch, batch: Batch, threshold: Threshold, kind: str, p: float,
+            certified: bool) -> Plan:
+    """The call's one host read, its argument errors, and the exact path where needed."""
     K = batch.num_systems
-    dev = batch.device
-    best = torch.zeros(K, dtype=torch.float64, device=dev)
-    longest = 1
-    for leaf in batch.leaves:
-      if leaf.numel == 0 or leaf.vec == 0:
-        continue
-      longest = max(longest, leaf.vec)
-      m, items, _ = self._leaf_view(leaf, K, flat=False)
-      nvec = leaf.width // leaf.vec
-      block_v = _pow2(nvec, 64)
-      tile = (items.has_perm, max(1, TILE_ELEMS // block_v), block_v)
-      parts = torch.empty(items.num, dtype=torch.float64, device=dev)
-      kernels.item_step[(items.num,)](m, items.rows(), parts, leaf.width, nvec, leaf.vec,
-                                      tile=tile)
-      combined = self._combine(parts, items, 1)
-      if leaf.seg is None:
-        best[:1] = torch.maximum(best[:1], combined)
-      else:
-        best = torch.maximum(best, combined)
-    return best.cpu().numpy(), longest
+    words = scratch.summary.cpu().numpy()
+    plan = ScratchPlan(scratch.region(S.ACTION), scratch.region(S.SCALE, torch.float64),
+                       scratch.region(S.RN32), scratch.region(S.RN64),
+                       scratch.region(S.NORM, torch.float64), rtz32=bool(words[S.RTZ32]),
+                       host64=bool(words[S.HOST64]), scratch=scratch)
+    read = {}
+    if batch.per_system:
+      below, above = words[S.LEAF_WORDS::2], words[S.LEAF_WORDS + 1::2]
+      ranges = [(-int(b) if b else 0, int(a) + K - 1 if a else max(K - 1, 0))
+                for (b, a), leaf in zip(zip(below, above), batch.leaves) if leaf.rows]
+      read["seg_range"] = np.array(ranges, np.int64).reshape(-1)
+    if threshold.tensor is not None:
+      first = K - int(words[S.BAD_THRESHOLD]) if words[S.BAD_THRESHOLD] else threshold.tensor.numel()
+      bits = 0
+      if first < threshold.tensor.numel():
+        bits = int(threshold.tensor[first].view(torch.int64).item())  # on the way to the error
+      read[f"{threshold.name}:bad"] = np.array([first, bits], np.int64)
+    decisions.raise_for_arguments(batch, threshold, read)
+    if words[S.OPEN_COUNT]:
+      self._resolve(scratch, batch, threshold, kind, p, certified, plan)
+    if plan.host64:
+      decisions.scales_for_host_rows(plan)
+    if not batch.per_system:
+      single = words[S.SINGLE:S.SINGLE + 4]
+      if words[S.OPEN_COUNT]:
+        single = [plan.action.item(), plan.scale.view(torch.int64).item(), plan.rn32.item(),
+                  plan.rn64.item()]
+      plan.single = Single(int(single[0]), float(np.array([single[1]]).view(np.float64)[0]),
+                           bool(single[2]), bool(single[3]))
+    return plan
 
-  # -------------------------------------------------------------- float64 pieces (extraction)
-  def _accumulate_pieces(self, batch: Batch, p: int,
-                         params: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    self._check_device(batch)
-    K = batch.num_systems
-    dev = batch.device
-    acc = torch.zeros(K, 4, dtype=torch.float64, device=dev)
-    params = params.contiguous()
-    worst = 1
-    for leaf in batch.leaves:
-      if leaf.numel == 0:
-        continue
-      m, items, tile = self._leaf_view(leaf, K, flat=True)
-      parts = torch.empty(items.num, 4, dtype=torch.float64, device=dev)
-      kernels.item_pieces[(items.num,)](m, items.pointers(), params, parts, m.shape[1],
-                                        SQUARE=p == 2, tile=tile)
-      cols = torch.stack([self._combine(parts, items, 0, stride=4, offset=j) for j in range(4)],
-                         1)
-      if leaf.seg is None:
-        acc[:1] += cols
-        worst = max(worst, ITEM_ELEMS + items.num)
-      else:
-        acc += cols
-    depth = batch.counts if batch.per_system else np.minimum(batch.counts, worst)
-    return acc.cpu().numpy(), depth + len(batch.leaves) + 4
+  def _resolve(self, scratch: Scratch, batch: Batch, threshold: Threshold, kind: str, p: float,
+               certified: bool, plan: Plan) -> None:
+    """The open systems, on the host: the eager route's exact path over the scratch data."""
+    f64 = torch.float64
+    batch.counts = scratch.region(S.COUNT, f64)
+    if batch.norm64 and batch.per_system and batch.prec == 24:  # float64 and narrower leaves
+      batch.prec = torch.where(scratch.region(S.LOW) != 0, 24, 53)
+    zero = torch.zeros(batch.num_systems, dtype=torch.bool, device=batch.device)
+    measured = Measured(zero, zero, zero)
+    if kind in ("max", "min"):
+      measured.values = scratch.region(S.VALUE, f64)
+    elif kind == "sum" and batch.norm64 and p in (1.0, 2.0):
+      measured.pieces = Pieces(*(scratch.region(r, f64) for r in (
+          S.Q1, S.Q2, S.QT, S.REST, S.BOUND, S.E)))
+    open_ = scratch.region(S.OPEN) != 0
+    decisions.resolve_exactly(batch, measured, threshold.on(batch.device), kind, p, certified,
+                              open_, plan)
 
-  # -------------------------------------------------------------------------------- apply
+  # ------------------------------------------------------------------------------ outputs
   def apply(self, batch: Batch, plan: Plan) -> list[torch.Tensor]:
     self._check_device(batch)
-    return [self._apply_leaf(leaf, plan) for leaf in batch.leaves]
+    out: list[torch.Tensor | None] = [None] * len(batch.leaves)
+    for i, leaf in enumerate(batch.leaves):
+      if leaf.numel == 0:
+        out[i] = leaf.x if leaf.owned else leaf.x.clone()
+    by_dtype: dict[torch.dtype, list[tuple[int, Leaf]]] = {}
+    for i, leaf in enumerate(batch.leaves):
+      if leaf.numel:
+        by_dtype.setdefault(leaf.x.dtype, []).append((i, leaf))
+    K = batch.num_systems
+    for dtype, members in by_dtype.items():
+      sizes = [leaf.numel for _, leaf in members]
+      offsets = np.cumsum([0] + sizes[:-1]).tolist()
+      table = tables.work_items(members, batch.device, out_offsets=offsets)
+      flat = torch.empty(sum(sizes), dtype=dtype, device=batch.device)
+      kernels.apply_items[(table.items,)](
+          table.rows, flat, plan.scratch.buffer, plan.scratch.base, K,
+          DTYPE=_tl(_TL_DTYPE[dtype]), INT=_tl(_INT_OF[dtype]), PER_SYSTEM=batch.per_system,
+          BLOCK=BLOCK, **_LAUNCH)
+      for (i, leaf), y in zip(members, torch.split(flat, sizes)):
+        out[i] = y.view(leaf.x.shape)
+      if dtype == torch.float64 and plan.host64:
+        self._host_rows(batch, plan, members, out)
+    return out
 
-  def _apply_leaf(self, leaf: Leaf, plan: Plan) -> torch.Tensor:
-    codes = leaf_codes(leaf, plan)
-    used = codes if leaf.present is None else codes[leaf.present]
-    if leaf.numel == 0 or np.any(used == HOST_CODE):
-      return apply_leaf(leaf, plan)  # empty, or an exact host computation (extreme s)
-    if not np.any(used != KEEP_CODE):
-      return leaf.x if leaf.owned else leaf.x.clone()
-    x = leaf.x
-    dev = x.device
-    code_t = torch.as_tensor(codes, device=dev)
-    s64 = torch.as_tensor(plan.scale, dtype=torch.float64, device=dev)
-    m = leaf.matrix().contiguous()
-    out = torch.empty_like(m)
-    rows, width = m.shape
-    block_w = _pow2(width, 64)
-    block_r = max(1, TILE_ELEMS // block_w)
-    seg = leaf.seg if leaf.seg is not None else _placeholder(dev)
-    s_low = s64 if x.dtype == torch.float64 else s64.to(torch.float32)
-    tile = (leaf.seg is not None, getattr(kernels.tl, _INT_OF[x.dtype]), block_r, block_w)
-    kernels.apply_rows[(kernels.triton.cdiv(rows, block_r),)](
-        m, out, seg, (code_t, s_low, s64), rows, width, tile=tile)
-    return out.reshape(x.shape)
+  def _host_rows(self, batch: Batch, plan: Plan, members, out) -> None:
+    """float64 outputs of the systems whose factor leaves no room: exactly, on the host."""
+    for i, leaf in members:
+      if not batch.per_system:
+        values = host_scale_toward_zero(leaf.x.detach().cpu().numpy(), plan.host_scale[0])
+        out[i].copy_(torch.as_tensor(values, device=leaf.x.device).view(leaf.x.shape))
+        continue
+      m = out[i].view(leaf.rows, leaf.width)
+      for k, s in plan.host_scale.items():
+        if plan.action[k].item() != 1 or plan.rn64[k].item():
+          continue
+        rows = torch.nonzero(leaf.seg == k).squeeze(1)
+        if rows.numel():
+          values = host_scale_toward_zero(leaf.matrix()[rows].cpu().numpy(), s)
+          m[rows] = torch.as_tensor(values, device=m.device)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _groups(batch: Batch, steps: bool) -> list[tuple[tuple[torch.dtype, int], tables.Table]]:
+  """The nonempty leaves by dtype (and, for step norms, by padded vector length): one table,
+  one launch each."""
+  members: dict[tuple[torch.dtype, int], list[tuple[int, Leaf]]] = {}
+  for i, leaf in enumerate(batch.leaves):
+    if leaf.numel == 0 or (steps and leaf.vec == 0):
+      continue
+    vec = _pow2_at_least(leaf.vec) if steps else 1
+    members.setdefault((leaf.x.dtype, vec), []).append((i, leaf))
+  return [(key, tables.work_items(group, batch.device, steps=steps))
+          for key, group in members.items()]

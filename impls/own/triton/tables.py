@@ -1,0 +1,89 @@
+"""Work-item tables: one launch reads every leaf of a group through a table of addresses.
+
+As apex's ``multi_tensor_apply`` and torch's ``_foreach`` kernels do, a pass over many leaves
+is one launch: program ``i`` reads row ``i`` of an int64 table, which names a leaf by its
+address and the run of its elements (or step vectors) the program covers. A leaf's address is
+cast back to a typed pointer in the kernel, so one launch spans every leaf of one dtype.
+
+A table depends only on the leaves' addresses and shapes (and the segment ids' addresses), so
+a training loop that clips the same gradient tensors every step uploads it once: tables are
+kept, by those facts, in a small cache of device tensors.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import torch
+
+from clipbench.impls.own.torch.layout import Leaf
+
+# Columns of a table row: the leaf's address, its segment ids' address (0: one system), the
+# first unit (element or step vector) of the item and their count, units per row, the leaf's
+# position in the call, the unit's length in elements, and (apply) the leaf's offset in its
+# dtype's output buffer.
+COLUMNS = ("address", "ids", "start", "count", "per_row", "leaf", "unit", "out")
+NCOL = len(COLUMNS)
+ITEM_UNITS = 1 << 16  # units per work item (the last item of a leaf holds the rest)
+_CACHE_SIZE = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """A group's work items on the device, and how many there are."""
+
+  rows: torch.Tensor  # (items, NCOL) int64
+  items: int
+
+
+_cache: collections.OrderedDict = collections.OrderedDict()
+
+
+def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool = False,
+               out_offsets: list[int] | None = None) -> Table:
+  """The table of a group of ``(position, leaf)`` (nonempty, one dtype).
+
+  Units are elements, or with ``steps`` the leaves' step vectors (their last axis).
+  ``out_offsets`` gives each leaf's first element in its output buffer (apply tables).
+  """
+  key = (steps, device, tuple((i, leaf.x.data_ptr(), leaf.rows, leaf.width, leaf.vec,
+                               0 if leaf.seg is None else leaf.seg.data_ptr())
+                              for i, leaf in leaves), None if out_offsets is None else
+         tuple(out_offsets))
+  table = _cache.get(key)
+  if table is not None:
+    _cache.move_to_end(key)
+    return table
+  rows = _rows(leaves, steps, out_offsets)
+  host = torch.from_numpy(rows)
+  device_rows = host if device.type == "cpu" else torch.empty(
+      host.shape, dtype=torch.int64, device=device).copy_(host)
+  table = Table(device_rows, rows.shape[0])
+  _cache[key] = table
+  if len(_cache) > _CACHE_SIZE:
+    _cache.popitem(last=False)
+  return table
+
+
+def _rows(leaves: list[tuple[int, Leaf]], steps: bool,
+          out_offsets: list[int] | None) -> np.ndarray:
+  unit = np.array([leaf.vec if steps else 1 for _, leaf in leaves], np.int64)
+  units = np.array([leaf.numel for _, leaf in leaves], np.int64) // np.maximum(unit, 1)
+  per_row = np.array([leaf.width for _, leaf in leaves], np.int64) // np.maximum(unit, 1)
+  items = (units + ITEM_UNITS - 1) // ITEM_UNITS
+  owner = np.repeat(np.arange(len(leaves)), items)
+  first = np.cumsum(items) - items
+  start = (np.arange(owner.size) - first[owner]) * ITEM_UNITS
+  rows = np.empty((owner.size, NCOL), np.int64)
+  rows[:, 0] = np.array([leaf.x.data_ptr() for _, leaf in leaves], np.int64)[owner]
+  rows[:, 1] = np.array([0 if leaf.seg is None else leaf.seg.data_ptr() for _, leaf in leaves],
+                        np.int64)[owner]
+  rows[:, 2] = start
+  rows[:, 3] = np.minimum(ITEM_UNITS, units[owner] - start)
+  rows[:, 4] = np.maximum(per_row, 1)[owner]
+  rows[:, 5] = np.array([i for i, _ in leaves], np.int64)[owner]
+  rows[:, 6] = unit[owner]
+  rows[:, 7] = 0 if out_offsets is None else np.array(out_offsets, np.int64)[owner]
+  return rows

@@ -1,0 +1,150 @@
+"""The Triton route gives the eager CUDA route's bits, and its decision kernel its decisions.
+
+Both routes compute the canonical definitions of :mod:`clipbench.impls.own.torch`; Triton
+decides in one kernel (``decision_kernel``) what the eager route decides as tensor operations
+(``certified``). The kernel is held to the operators statement for statement: on the same
+measured values both must reach the same decisions, including which systems they leave open.
+Run under ``TRITON_INTERPRET=1`` (the Triton kernels on CPU tensors); the eager route on its
+accelerator branches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="Triton kernels run on the CPU only under TRITON_INTERPRET=1")
+
+# pylint: disable=wrong-import-position
+from clipbench.impls.own.torch import branches, eager  # noqa: E402
+from clipbench.impls.own.torch.certified import (decide_float32, decide_float64,  # noqa: E402
+                                                  exact_value_pieces)
+from clipbench.impls.own.torch.floats import U64, gamma  # noqa: E402
+from clipbench.impls.own.torch.measure import _around  # noqa: E402
+
+
+def _bits(t: torch.Tensor) -> bytes:
+  ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+  return t.detach().contiguous().view(ints).numpy().tobytes()
+
+
+def _batch(rng, dtype, sorted_ids):
+  K = int(rng.integers(1, 6))
+  scale = 10.0 ** rng.uniform(-3, 3 if dtype in (torch.float16, torch.bfloat16) else 30)
+  leaves = [torch.tensor(rng.standard_normal((int(rng.integers(1, 40)), 3)) * scale).to(dtype),
+            torch.tensor(rng.standard_normal(int(rng.integers(1, 30))) * scale).to(dtype),
+            torch.tensor(rng.standard_normal((4, 2, 3)) * scale).to(torch.float32)]
+  ids = [rng.integers(0, K, x.shape[0]) for x in leaves]
+  segments = [torch.tensor(np.sort(v) if sorted_ids else v) for v in ids]
+  return leaves, segments, K
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_triton_bits_equal_the_eager_cuda_route_bits(dtype):
+  from clipbench.impls.own.triton import implementation as triton_impl
+  rng = np.random.default_rng(30)
+  for trial in range(2):
+    leaves, segments, K = _batch(rng, dtype, sorted_ids=trial % 2 == 0)
+    kwargs = {"segments": segments, "num_systems": K}
+    # float64 with p = 3 takes the exact path on both routes (slow, and no kernel decides).
+    for p in (2.0, 1.0, math.inf, -math.inf) + (() if dtype == torch.float64 else (3.0,)):
+      with branches.accelerator_branches():
+        _, norms = eager.clip_by_global_norm(leaves, math.inf, norm_type=p, **kwargs)
+        _, total = eager.clip_grad_norm(leaves, math.inf, norm_type=p)
+      n, g = norms.double().numpy(), float(total)
+      for c, cg in ((n, g), (np.nextafter(n, 0), math.nextafter(g, 0)), (n / 2, g / 2)):
+        with branches.accelerator_branches():
+          want = eager.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+          want_global = eager.clip_grad_norm(leaves, cg, norm_type=p)
+        got = triton_impl.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+        got_global = triton_impl.clip_grad_norm(leaves, cg, norm_type=p)
+        for (outs, norm), (ref_outs, ref_norm) in ((got, want), (got_global, want_global)):
+          assert _bits(norm) == _bits(ref_norm), (trial, p)
+          assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs], (trial, p)
+    with branches.accelerator_branches():
+      _, steps = eager.clip_by_max_step(leaves, math.inf, **kwargs)
+      want = eager.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs)
+    got = triton_impl.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs)
+    assert [_bits(x) for x in got[0] + [got[1]]] == [_bits(x) for x in want[0] + [want[1]]]
+
+
+def _run_decision_kernel(K, kind, p, regions, threshold, norm64=False, depth=None):
+  """The decision kernel on measured values written straight into a scratch buffer."""
+  from clipbench.impls.own.triton import decision_kernel as dk
+  from clipbench.impls.own.triton import passes, scratch as S
+  scratch = S.Scratch(K, 1, 0, torch.device("cpu"))
+  for index, values in regions.items():
+    scratch.region(index, values.dtype).copy_(values)
+  dk.decide_systems[(passes.triton_cdiv(K, passes.DECIDE_BLOCK),)](
+      scratch.buffer, scratch.base, K, 1, 0, 0, threshold, 0, passes._bits(p),
+      passes._bits(0.0), passes._bits(0.0), KIND=kind, P=int(p) if p in (1.0, 2.0) else 1,
+      PER_SYSTEM=True, NORM64=norm64, PREC=53 if norm64 else 24, THRESHOLD=1,
+      CHECK_THRESHOLD=False, CERTIFIED=True, HAS32=True, HAS64=norm64,
+      BLOCK=passes.DECIDE_BLOCK, **passes._LAUNCH)
+  f64 = torch.float64
+  return (scratch.region(S.ACTION), scratch.region(S.SCALE, f64), scratch.region(S.NORM, f64),
+          scratch.region(S.OPEN))
+
+
+def _near_ties(rng, K):
+  """Thresholds around random norms: far above, far below, on them and a few ulps off."""
+  norms = np.exp(rng.uniform(-40, 40, K))
+  kind = rng.integers(0, 4, K)
+  ulps = rng.integers(-3, 4, K)
+  c = np.where(kind == 0, norms * 3, np.where(kind == 1, norms / 3, norms))
+  near = kind >= 2
+  c[near] = [v + u * math.ulp(v) for v, u in zip(c[near], ulps[near])]
+  return norms, c
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0])
+def test_decision_kernel_decides_float32_norms_as_the_operators_do(p):
+  from clipbench.impls.own.triton import decision_kernel as dk, scratch as S
+  rng = np.random.default_rng(31)
+  K = 3000
+  norms, c = _near_ties(rng, K)
+  total = torch.tensor(norms ** p)
+  counts = torch.tensor(rng.integers(1, 10 ** 6, K).astype(np.float64))
+  counts[:50] = 0.0  # empty systems
+  total[:50] = 0.0
+  total[50:60] = math.nan
+  total[60:70] = math.inf
+  c_t = torch.tensor(c)
+  action, scale, norm, open_ = _run_decision_kernel(
+      K, dk.SUM, p, {S.SUMS: total, S.COUNT: counts}, c_t)
+  depth = counts + 1 + 2
+  mid = torch.sqrt(total) if p == 2 else total
+  rel = gamma(depth) * (0.5001 if p == 2 else 1.0001) + 4 * U64
+  lo, mid, hi = _around(mid, rel)
+  todo = ~torch.isnan(total) & ~torch.isinf(total) & (total != 0)
+  want = decide_float32(lo, mid, hi, c_t, todo)
+  assert torch.equal(open_ != 0, want.ambiguous)
+  decided = todo & ~want.ambiguous
+  assert torch.equal(action[decided] == 1, want.clip[decided])
+  assert _bits(norm[decided]) == _bits(want.norm[decided])
+  assert _bits(scale[decided & want.clip]) == _bits(want.scale[decided & want.clip])
+  assert want.ambiguous.sum() > 0 and decided.sum() > K / 2  # both branches were exercised
+
+
+def test_decision_kernel_decides_float64_norms_as_the_operators_do():
+  from clipbench.impls.own.triton import decision_kernel as dk, scratch as S
+  rng = np.random.default_rng(32)
+  K = 2000
+  norms, c = _near_ties(rng, K)
+  c_t = torch.tensor(c)
+  action, scale, norm, open_ = _run_decision_kernel(
+      K, dk.MAX, math.inf, {S.BIG: torch.tensor(norms).view(torch.int64),
+                            S.COUNT: torch.ones(K, dtype=torch.float64)}, c_t, norm64=True)
+  want = decide_float64(exact_value_pieces(torch.tensor(norms)), 1, c_t, 53,
+                        torch.ones(K, dtype=torch.bool))
+  assert torch.equal(open_ != 0, want.ambiguous)
+  decided = ~want.ambiguous
+  assert torch.equal(action[decided] == 1, want.clip[decided])
+  assert _bits(norm[decided]) == _bits(want.norm[decided])
+  assert _bits(scale[decided & want.clip]) == _bits(want.scale[decided & want.clip])
+  assert want.ambiguous.sum() > 0 and decided.sum() > K / 2
