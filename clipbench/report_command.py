@@ -57,12 +57,17 @@ def report_command(args: argparse.Namespace) -> int:
   if args.reuse is not None and not args.reuse >= 0:
     raise UsageError(f"--reuse: expected a number of hours >= 0, got {args.reuse}")
   suite = conform_command.suite_options(args)
+  if suite.device.index:
+    raise UsageError(f"--device {suite.device}: a report runs on cpu or cuda (the first device "
+                     "of each kind), where the benchmarks are timed; conform takes any device")
   scale = options.scale(args.scale, args.quick)
   requested = loading.load_requested(args.impl, require_available=True)
+  options.device_reachable(requested, suite.device)
   conf_path = os.path.join(args.results_dir, outputs.CONFORMANCE_FILE)
   bench_path = os.path.join(args.results_dir, outputs.BENCHMARK_FILE)
   range_path = os.path.join(args.results_dir, outputs.SAFE_RANGE_FILE)
-  facts = [("Command", "`" + shlex.join(["clipbench", *args.argv]) + "`")]
+  facts = [("Command", "`" + shlex.join(["clipbench", *args.argv]) + "`"),
+           ("Device", str(suite.device))]
   reuse_conformance = _fresh(conf_path, args.reuse)
   reuse_bench = _fresh(bench_path, args.reuse)
   reuse_ranges = _fresh(range_path, args.reuse)
@@ -83,8 +88,10 @@ def report_command(args: argparse.Namespace) -> int:
   if reuse_ranges:
     print(f"reusing {range_path} ({_age_hours(range_path):.1f} h old)")
   else:
-    rc = safe_range_run.run_safe_range(args.impl, suite.profile, range_path,
-                                       conform_command.env_defaults())
+    rc = safe_range_run.run_safe_range(
+        conform_command.side_by_side_impls(args.impl, suite.device) if suite.jobs > 1
+        else args.impl, suite.profile, range_path, conform_command.env_defaults(suite.device),
+        device=suite.device, jobs=suite.jobs)
     if rc != 0:
       raise RunFailed("safe-range scan", rc)
   safe_range = results.read_safe_range(range_path)
@@ -94,7 +101,7 @@ def report_command(args: argparse.Namespace) -> int:
     print(f"reusing {bench_path} ({_age_hours(bench_path):.1f} h old)")
   else:
     rc = bench_command.run_bench(args.impl, [], scale, args.quick, bench_path, [],
-                                 conformance_path=conf_path)
+                                 conformance_path=conf_path, device=suite.device)
     if rc != 0:
       raise RunFailed("benchmark", rc)
   bench = results.read_benchmarks(bench_path)

@@ -97,7 +97,7 @@ def write_benchmarks(cmd):
   shutil.copy(os.path.join(REPORT_DATA, "benchmarks.json"), _option(cmd, "--benchmark-json"))
 
 
-def fake_scan(impls, profile, results_path, env_defaults) -> int:
+def fake_scan(impls, profile, results_path, env_defaults, **kwargs) -> int:
   """Stands in for ``safe_range_run.run_safe_range``: the recorded scan, exit status 0."""
   shutil.copy(os.path.join(REPORT_DATA, "safe_range.csv"), results_path)
   return 0
@@ -228,24 +228,35 @@ def test_conform_outside_module_command_and_results(outside, fake_run, capsys):
   assert _option(cmd, "--results") != str(results)  # the run writes beside, then it is moved
 
 
-@pytest.mark.parametrize("gpu, caller, expected", [
-    (False, None, "1"),     # no GPU: the Triton kernels are checked through the interpreter
-    (False, "0", "0"),      # the caller's own setting wins
-    (True, None, None),     # a GPU: compiled kernels on CUDA tensors, nothing set
+@pytest.mark.parametrize("device, gpu, caller, expected", [
+    ("cpu", False, None, "1"),   # no GPU: the Triton kernels are checked through the interpreter
+    ("cpu", False, "0", "0"),    # the caller's own setting wins
+    ("cpu", True, None, "1"),    # host tensors: interpreted, whatever the machine has
+    ("cuda", True, None, None),  # a GPU: compiled kernels on CUDA tensors, nothing set
 ])
-def test_conform_runs_triton_interpreted_without_gpu(tmp_path, fake_run, monkeypatch, gpu,
-                                                     caller, expected):
-  from clipbench.benchmarks import timing
-  monkeypatch.setattr(timing, "cuda_device_node_present", lambda: gpu)
+def test_conform_runs_triton_interpreted_on_the_host(tmp_path, fake_run, monkeypatch, device,
+                                                     gpu, caller, expected):
+  from clipbench import devices
+  monkeypatch.setattr(devices, "cuda_device_node_present", lambda: gpu)
+  monkeypatch.setattr(devices, "framework_device", lambda device, framework: None)
+  for name in devices.SHARED_CARD_ENVIRONMENT:  # restored after the test, as they were
+    monkeypatch.delenv(name, raising=False)
   if caller is None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
   else:
     monkeypatch.setenv("TRITON_INTERPRET", caller)
   fake = fake_run(rc=0, write=write_conformance)
-  assert cli.main(["conform", "--impl", "reference", "--results",
+  assert cli.main(["conform", "--impl", "reference", "--device", device, "--results",
                    str(tmp_path / "conformance.csv")]) == 0
-  (_, env), = fake.calls
+  (cmd, env), = fake.calls
   assert env.get("TRITON_INTERPRET") == expected
+  if device == "cuda":
+    # JAX and TensorFlow grow their memory on the card as they need it, beside torch.
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert _option(cmd, "--device") == "cuda"
+  else:
+    assert "--device" not in cmd and "XLA_PYTHON_CLIENT_PREALLOCATE" not in env
 
 
 def test_conform_failures_keep_new_results_and_pytest_status(tmp_path, fake_run):
