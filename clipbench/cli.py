@@ -156,6 +156,9 @@ def _add_report(sub: Any, formatter: Any) -> None:
   p.add_argument("--scale", type=float, help="benchmark workload scale (1.0 = stated sizes)")
   p.add_argument("--out", default=DEFAULT_REPORTS_DIR, metavar="DIR",
                  help="reports folder: DIR/<date>/ and DIR/latest/ (default: %(default)s)")
+  p.add_argument("--latest", default="latest", metavar="NAME",
+                 help="the folder in DIR that gets a copy of the newest report (default: "
+                      "%(default)s; the GPU report: latest-gpu)")
   p.add_argument("--reuse", nargs="?", type=float, const=DEFAULT_REUSE_HOURS, metavar="HOURS",
                  help="reuse results files younger than HOURS (default "
                       f"{DEFAULT_REUSE_HOURS:g}) instead of running again")

@@ -107,11 +107,11 @@ def _run_children(impls: Sequence[str], suite: SuiteOptions, tmp: str, results_p
                   extra: Sequence[str]) -> int:
   """The suite in one child, or one child per implementation (``suite.jobs`` > 1) whose tables
   are joined at ``tmp``; the worst exit status (any but 0 and 1 before a failing 1)."""
-  shown = {tmp: results_path}
   if suite.jobs == 1:
     return child_run.run_pytest(pytest_command(impls, suite, tmp, extra), "conformance",
                                 outputs.log_path(results_path),
-                                env_defaults=env_defaults(suite.device), shown_paths=shown)
+                                env_defaults=env_defaults(suite.device),
+                                shown_paths={tmp: results_path})
   import pandas as pd
   names = side_by_side_impls(impls, suite.device)
   folder = os.path.dirname(tmp)
@@ -119,7 +119,8 @@ def _run_children(impls: Sequence[str], suite: SuiteOptions, tmp: str, results_p
   logs = [f"{os.path.splitext(results_path)[0]}-{name.replace(':', '_')}.log" for name in names]
   statuses = child_run.run_side_by_side(
       [pytest_command([name], suite, table, extra) for name, table in zip(names, tables)], logs,
-      suite.jobs, env_defaults=env_defaults(suite.device), shown_paths=shown)
+      suite.jobs, env_defaults=env_defaults(suite.device),
+      shown_paths={table: results_path for table in tables})
   written = [t for t in tables if os.path.exists(t)]
   if written:
     joined = pd.concat([pd.read_csv(t, dtype=str, keep_default_na=False) for t in written])

@@ -56,6 +56,10 @@ def report_command(args: argparse.Namespace) -> int:
   from clipbench.reports import build, results
   if args.reuse is not None and not args.reuse >= 0:
     raise UsageError(f"--reuse: expected a number of hours >= 0, got {args.reuse}")
+  if not args.latest or os.sep in args.latest or args.latest in (".", "..") or (
+      args.latest[0].isdigit()):
+    raise UsageError(f"--latest: expected a folder name (not a path, not starting with a "
+                     f"digit, as the dated folders do), got {args.latest!r}")
   suite = conform_command.suite_options(args)
   if suite.device.index:
     raise UsageError(f"--device {suite.device}: a report runs on cpu or cuda (the first device "
@@ -122,8 +126,8 @@ def report_command(args: argparse.Namespace) -> int:
       note(f"no timings for {', '.join(untimed)} in {bench_path} (never timed, or skipped)")
   now = datetime.datetime.now(datetime.timezone.utc)
   report = build.build(sources, generated=now)
-  folder = build.write(report, args.out, now.strftime(build.STAMP_FORMAT))
-  latest = os.path.join(args.out, build.LATEST)
+  folder = build.write(report, args.out, now.strftime(build.STAMP_FORMAT), args.latest)
+  latest = os.path.join(args.out, args.latest)
   print(f"report: {os.path.join(folder, 'index.html')}")
   print(f"        {os.path.join(latest, 'index.html')} and REPORT.md (latest)")
   failing = int(sources.conformance["outcome"].isin(["fail", "error", "unexpected-pass"]).sum())

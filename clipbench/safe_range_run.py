@@ -43,7 +43,7 @@ def _scan(impls: Sequence[str], profile: str | None, tmp: str, results_path: str
   logs = [f"{os.path.splitext(results_path)[0]}-{name.replace(':', '_')}.log" for name in impls]
   statuses = child_run.run_side_by_side(
       [scan_command([name], profile, part, device) for name, part in zip(impls, parts)], logs,
-      jobs, env_defaults=env_defaults, shown_paths={tmp: results_path})
+      jobs, env_defaults=env_defaults, shown_paths={part: results_path for part in parts})
   if any(statuses) or not all(os.path.exists(p) for p in parts):
     return next((rc for rc in statuses if rc), EXIT_FAILED)
   import pandas as pd
