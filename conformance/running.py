@@ -238,9 +238,9 @@ class Session:
   """Per-session caches of reference results, implementation results and exact norms."""
 
   def __init__(self):
-    self._reference: dict[tuple[str, str], Outcome] = {}
-    self._impl: dict[tuple[str, str, str], Outcome] = {}
-    self._inputs: dict[tuple[str, str], Inputs] = {}
+    self._reference: dict[tuple[str, str], Outcome] = {}  # (case, op)
+    self._impl: dict[tuple[str, str, str, str], Outcome] = {}  # (impl, case, op, device)
+    self._inputs: dict[tuple[str, str], Inputs] = {}  # (case, op)
 
   def inputs(self, case, op: str) -> Inputs:
     key = (case.name, op)
@@ -256,12 +256,13 @@ class Session:
 
   def forget(self, case) -> None:
     """Drops every cached result of ``case`` (generated cases are used once)."""
-    for cache in (self._reference, self._impl, self._inputs):
-      for key in [k for k in cache if k[-2 if len(k) == 3 else 0] == case.name]:
+    for cache, position in ((self._reference, 0), (self._impl, 1), (self._inputs, 0)):
+      for key in [k for k in cache if k[position] == case.name]:
         del cache[key]
 
   def result(self, impl: Implementation, case, op: str) -> Outcome:
-    key = (impl.name, case.name, op)
+    """The call of ``impl`` on ``case`` on the session's device, made once."""
+    key = (impl.name, case.name, op, str(_device))
     if key not in self._impl:
       self._impl[key] = call(impl, op, self.inputs(case, op))
     return self._impl[key]
