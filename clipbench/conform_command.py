@@ -92,15 +92,9 @@ def side_by_side_impls(impls: Sequence[str], device: devices.Device) -> list[str
   available one whose framework reaches ``device``."""
   if impls:
     return list(impls)
-  reachable = []
-  for impl in loading.load_all(progress=False):
-    try:
-      if impl.available:
-        devices.framework_device(device, impl.framework)
-        reachable.append(impl.name)
-    except devices.DeviceUnavailable:
-      pass
-  return reachable
+  every = loading.load_all(progress=False)
+  loading.mark_off_device(every, device)
+  return [impl.name for impl in every if impl.available]
 
 
 def _run_children(impls: Sequence[str], suite: SuiteOptions, tmp: str, results_path: str,

@@ -105,9 +105,7 @@ def device(text: str) -> Any:
 def device_reachable(impls: Sequence[Any], target: Any) -> None:
   """Each implementation named by ``--impl`` must reach ``--device`` in its framework: a run
   that would test nothing for one of them is a usage error."""
-  from clipbench import devices
-  for impl in impls:
-    try:
-      devices.framework_device(target, impl.framework)
-    except devices.DeviceUnavailable as e:
-      raise UsageError(f"--device {target}: impl {impl.name!r} cannot run there: {e}") from None
+  from clipbench import loading
+  for impl in loading.mark_off_device(impls, target):
+    reason = impl.reason.removeprefix(f"not on {target}: ")
+    raise UsageError(f"--device {target}: impl {impl.name!r} cannot run there: {reason}")

@@ -115,6 +115,7 @@ def report_command(args: argparse.Namespace) -> int:
   if not history.empty:
     facts.append(("asv results", f"`{args.asv_results}` ({history['commit'].nunique()} commits)"))
   listed = requested if args.impl else loading.load_all()
+  loading.mark_off_device(listed, suite.device)  # the listing says which could not run there
   sources = build.Sources(conformance=conformance, conformance_path=conf_path, benchmarks=bench,
                           asv_history=history, implementations=listing.listing_frame(listed),
                           safe_range=safe_range,

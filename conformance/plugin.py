@@ -35,7 +35,7 @@ from typing import Any
 import hypothesis
 import pytest
 
-from clipbench import devices, files
+from clipbench import devices, files, loading
 from clipbench.conformance import manifest, results, summary
 from clipbench.impls import registry
 from clipbench.protocol import OPS, Capabilities
@@ -174,23 +174,6 @@ def _prepare_device(config: pytest.Config) -> None:
     raise pytest.UsageError(f"--{e}") from None
 
 
-def _off_device(impls: list[registry.Implementation], device: devices.Device,
-                requested: bool) -> None:
-  """Marks each implementation whose framework cannot reach ``device`` unavailable, with the
-  reason; one the user named is a usage error instead."""
-  refused = []
-  for impl in impls:
-    if not impl.available:
-      continue
-    try:
-      devices.framework_device(device, impl.framework)
-    except devices.DeviceUnavailable as e:
-      impl.available, impl.reason = False, f"not on {device}: {e}"
-      refused.append(impl)
-  if refused and requested:
-    raise pytest.UsageError("; ".join(f"impl {i.name}: {i.reason}" for i in refused))
-
-
 def state(config: pytest.Config) -> State:
   """The session's state, built on first use: implementations loaded, checked and probed."""
   existing = config.stash.get(_STATE, None)
@@ -210,7 +193,9 @@ def state(config: pytest.Config) -> State:
                                       for i in requested_unavailable))
   device = devices.parse(config.getoption("clipbench_device"))
   running.set_device(device)
-  _off_device(impls, device, requested=bool(specs))
+  refused = loading.mark_off_device(impls, device)
+  if refused and specs:
+    raise pytest.UsageError("; ".join(f"impl {i.name}: {i.reason}" for i in refused))
   ops = config.getoption("--ops")
   selected_ops = tuple(OPS) if not ops else tuple(o.strip() for o in ops.split(","))
   unknown = set(selected_ops) - set(OPS)

@@ -229,15 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   impls = (loading.load_requested(args.impl, require_available=True) if args.impl
            else [i for i in loading.load_all(progress=False)
                  if i.available and i.kind != "reference"])
-  on_device = []
-  for impl in impls:
-    try:
-      devices.framework_device(running.device(), impl.framework)
-      on_device.append(impl)
-    except devices.DeviceUnavailable as e:
-      if args.impl:
-        parser.error(f"--device {running.device()}: impl {impl.name!r} cannot run there: {e}")
-  impls = on_device
+  refused = loading.mark_off_device(impls, running.device())
+  if refused and args.impl:
+    parser.error("; ".join(f"impl {i.name!r}: {i.reason}" for i in refused))
+  impls = [i for i in impls if i.available]
   thorough = args.profile == "thorough"
   steps = {d: 1 for d in FORMATS} if thorough else {}
   rows: list[dict] = []
