@@ -13,6 +13,11 @@ Subcommands (one module each):
   fresh results) and writes ``reports/<stamp>/`` and ``reports/latest/``: index.html,
   REPORT.md and the raw tables.
 
+``--device cpu[:N]|cuda[:N]`` (``conform``, ``bench``, ``report``) is where the calls run
+(:mod:`clipbench.devices`); ``--jobs`` and ``--budget`` (``conform``, ``report``) run the
+implementations side by side and bound each one's tests, which the GPU report
+(``clipbench.benchmarks.gpu_check``) uses to fit a short run.
+
 Raw results go to ``results/`` (relative to the working directory): ``conformance.csv``,
 ``safe_range.csv`` and ``benchmarks.json``, each staged beside its final path and swapped in
 only once complete (:mod:`clipbench.outputs`); every output folder is checked for writability
