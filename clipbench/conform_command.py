@@ -98,9 +98,11 @@ def side_by_side_impls(impls: Sequence[str], device: devices.Device) -> list[str
 
 
 def _run_children(impls: Sequence[str], suite: SuiteOptions, tmp: str, results_path: str,
-                  extra: Sequence[str]) -> int:
+                  extra: Sequence[str], incomplete: list[str]) -> int:
   """The suite in one child, or one child per implementation (``suite.jobs`` > 1) whose tables
-  are joined at ``tmp``; the worst exit status (any but 0 and 1 before a failing 1)."""
+  are joined at ``tmp``. Side by side, a child that did not complete (a crash, an internal
+  error) is named in ``incomplete`` and fails the run (status 1) without losing the others'
+  results; alone, its own exit status is returned."""
   if suite.jobs == 1:
     return child_run.run_pytest(pytest_command(impls, suite, tmp, extra), "conformance",
                                 outputs.log_path(results_path),
@@ -115,21 +117,27 @@ def _run_children(impls: Sequence[str], suite: SuiteOptions, tmp: str, results_p
       [pytest_command([name], suite, table, extra) for name, table in zip(names, tables)], logs,
       suite.jobs, env_defaults=env_defaults(suite.device),
       shown_paths={table: results_path for table in tables})
+  for name, rc, log in zip(names, statuses, logs):
+    if rc not in (0, 1):
+      incomplete.append(f"{name} (pytest exit status {rc}; {log})")
+      note(f"the conformance run of {name} did not complete (pytest exit status {rc}); its "
+           f"results are left out: see {log}")
   written = [t for t in tables if os.path.exists(t)]
   if written:
     joined = pd.concat([pd.read_csv(t, dtype=str, keep_default_na=False) for t in written])
     from clipbench import files
     files.write_csv(tmp, joined)
-  unfinished = [rc for rc in statuses if rc not in (0, 1)]
-  return unfinished[0] if unfinished else max(statuses, default=0)
+  return 1 if incomplete else max(statuses, default=0)
 
 
 def run_conform(impls: Sequence[str], suite: SuiteOptions, results_path: str,
-                extra: Sequence[str]) -> int:
-  """Runs the suite; promotes its results table over ``results_path`` only if it is sound."""
+                extra: Sequence[str], incomplete: list[str] | None = None) -> int:
+  """Runs the suite; promotes its results table over ``results_path`` only if it is sound.
+  ``incomplete`` receives the implementations whose side-by-side run did not complete."""
   from clipbench.reports import results
   with outputs.staged(results_path) as tmp:
-    rc = _run_children(impls, suite, tmp, results_path, extra)
+    rc = _run_children(impls, suite, tmp, results_path, extra,
+                       [] if incomplete is None else incomplete)
     if rc not in (0, 1):
       note(f"conformance run did not complete (pytest exit status {rc}); "
            f"{results_path} left as it was")

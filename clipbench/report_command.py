@@ -82,9 +82,12 @@ def report_command(args: argparse.Namespace) -> int:
   if reuse_conformance:
     print(f"reusing {conf_path} ({_age_hours(conf_path):.1f} h old)")
   else:
-    rc = conform_command.run_conform(args.impl, suite, conf_path, [])
+    incomplete: list[str] = []
+    rc = conform_command.run_conform(args.impl, suite, conf_path, [], incomplete)
     if rc not in (0, 1):
       raise RunFailed("conformance", rc)
+    if incomplete:  # side by side: the others' results stand, and the report says which not
+      facts.append(("Conformance runs that did not complete", "; ".join(incomplete)))
   conformance = results.read_conformance(conf_path)
   _check_results_cover(requested, conformance, conf_path, reused=reuse_conformance)
   facts.append(("Conformance results", _file_fact(conf_path, f"{len(conformance)} cases")))

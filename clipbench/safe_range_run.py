@@ -29,7 +29,8 @@ def scan_command(impls: Sequence[str], profile: str | None, results_path: str,
 def _scan(impls: Sequence[str], profile: str | None, tmp: str, results_path: str,
           env_defaults: dict[str, str], device: devices.Device, jobs: int) -> int:
   """The scan in one child, or one child per implementation (``jobs`` > 1, ``impls`` named)
-  whose tables are joined at ``tmp``; the first failing exit status."""
+  whose tables are joined at ``tmp``: those that completed (the others named in a note); the
+  first failing exit status when none did."""
   if jobs == 1 or not impls:
     proc = subprocess.Popen(scan_command(impls, profile, tmp, device),
                             env=child_run.child_env(env_defaults))
@@ -44,12 +45,17 @@ def _scan(impls: Sequence[str], profile: str | None, tmp: str, results_path: str
   statuses = child_run.run_side_by_side(
       [scan_command([name], profile, part, device) for name, part in zip(impls, parts)], logs,
       jobs, env_defaults=env_defaults, shown_paths={part: results_path for part in parts})
-  if any(statuses) or not all(os.path.exists(p) for p in parts):
+  done = [part for part, rc in zip(parts, statuses) if rc == 0 and os.path.exists(part)]
+  for name, rc, log in zip(impls, statuses, logs):
+    if rc != 0:  # one implementation's crash leaves the others' ranges standing
+      note(f"the safe-range scan of {name} did not complete (exit status {rc}); its ranges "
+           f"are left out: see {log}")
+  if not done:
     return next((rc for rc in statuses if rc), EXIT_FAILED)
   import pandas as pd
   from clipbench import files
   files.write_csv(tmp, pd.concat([pd.read_csv(p, dtype=str, keep_default_na=False)
-                                  for p in parts]))
+                                  for p in done]))
   return 0
 
 

@@ -976,3 +976,19 @@ def test_cuda_without_a_gpu_is_a_usage_error_for_every_command(capsys, fake_run,
     assert capsys.readouterr().err == ("clipbench: error: --device cuda: no CUDA GPU on this "
                                        "machine (no /dev/nvidia* device node)\n")
   assert not fake.calls
+
+
+def test_a_side_by_side_child_that_crashes_leaves_the_others_results(tmp_path, monkeypatch,
+                                                                      capsys):
+  def side_by_side(cmds, logs, jobs, *, env_defaults=None, shown_paths=None):
+    shutil.copy(os.path.join(REPORT_DATA, "conformance.csv"), _option(cmds[0], "--results"))
+    return [1, -11]  # the second child died (SIGSEGV) before writing its table
+
+  monkeypatch.setattr(child_run, "run_side_by_side", side_by_side)
+  results = tmp_path / "conformance.csv"
+  assert cli.main(["conform", "--impl", "reference", "--impl", "optax.clip_by_global_norm",
+                   "--jobs", "2", "--results", str(results)]) == 1
+  assert results.exists()  # the first child's table stands
+  err = capsys.readouterr().err
+  assert ("the conformance run of optax.clip_by_global_norm did not complete (pytest exit "
+          "status -11)") in err

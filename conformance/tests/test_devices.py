@@ -4,7 +4,8 @@
 transforms on placed inputs); a second JAX host device (``cpu:1``, in a process started with
 two, as the sharding tests do) is a device other than the default one, where a planted
 implementation that returns its outputs elsewhere is caught; one that deletes (donates) its
-inputs is caught on any device. ``--device cuda`` here is a usage error before any work.
+inputs is caught on any device, one that moves them to the host on a GPU (where there is one).
+``--device cuda`` here is a usage error before any work.
 """
 
 from __future__ import annotations
@@ -131,6 +132,17 @@ def test_on_a_second_jax_host_device_the_wrong_device_is_caught(tmp_path) -> Non
       "on cpu:1: returned leaves[0] on cpu, not on cpu:1 where its inputs were"}
   # Its values are right: only the device check sees it.
   assert set(planted.loc[planted["rule"] == "4", "outcome"]) == {"pass"}
+
+
+def test_on_a_gpu_an_input_moved_to_the_host_is_caught(tmp_path) -> None:
+  if not devices.cuda_device_node_present():
+    pytest.skip("needs a GPU: a host tensor has no other device to be moved to")
+  rc, out, table = _conform(tmp_path, "--device", "cuda", "--impl",
+                            "clipbench.conformance.broken:moves_inputs", "--", "-k",
+                            "rule12 and device-clip_3_4_to_1")
+  assert rc == 1, out
+  assert set(table.loc[table["outcome"] == "fail", "observed"]) == {
+      "on cuda: moved its input leaves[0] from cuda to cpu"}, table
 
 
 def test_device_cuda_without_a_gpu_exits_2_in_one_line(tmp_path) -> None:
