@@ -959,7 +959,11 @@ def test_conform_jobs_runs_one_child_per_implementation_and_joins_their_tables(
      "--device cpu:1: impl 'clipbench.numba' cannot run there: numpy arrays live on the host"),
 ])
 def test_bad_device_options_exit_2_in_one_line_before_any_work(argv, message, capsys,
-                                                              fake_run):
+                                                              fake_run, monkeypatch):
+  from clipbench import devices
+  # A cpu:N accepted sets JAX's host device count for this process: restored after the test.
+  for name in ("XLA_FLAGS", *devices.SHARED_CARD_ENVIRONMENT):
+    monkeypatch.delenv(name, raising=False)
   fake = fake_run()
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
