@@ -32,11 +32,16 @@ conform: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/clipbench bench $(BENCH_ARGS)
 
-# On a CUDA machine: the own torch, Triton and JAX kernels' conformance on the GPU, the CUDA
-# benchmarks and achieved bandwidth against the card's peak (docs/gpu.md); elsewhere one line.
-# No TRITON_INTERPRET here: on a GPU the Triton kernels are compiled.
+# The GPU report (docs/gpu.md, section 7): `clipbench report --device cuda` for every
+# implementation with a GPU path, into reports/latest-gpu/, with the card's achieved bandwidth
+# against its datasheet peak. Without a GPU: one line, exit 0, before anything is installed.
+# With one: JAX's CUDA plugin (the pinned `cuda` extra) first. No TRITON_INTERPRET here: on a
+# GPU the Triton kernels are compiled.
 gpu-check: $(VENV)/.installed
-	$(BIN)/python -m clipbench.benchmarks.gpu_check $(GPU_CHECK_ARGS)
+	@if $(BIN)/python -m clipbench.benchmarks.gpu_check --present; then \
+	  $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,cuda]' && \
+	  $(BIN)/python -m clipbench.benchmarks.gpu_check $(GPU_CHECK_ARGS); \
+	fi
 
 clean-venv:
 	rm -rf $(VENV)

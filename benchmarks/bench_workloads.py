@@ -6,14 +6,16 @@ Not collected by the test suite (the name does not match ``test_*.py``); run it 
       [--bench-impl NAME ...] [--bench-workload NAME ...] [--bench-dtype float32 ...]
 
 Every workload is one pytest-benchmark group, so the table compares implementations on it.
-``extra_info`` holds what the roofline needs: bytes moved (three passes), the copy bandwidth
-measured once in this session, and the roofline time; ``roofline.summarize`` turns the JSON
+``extra_info`` holds what the roofline needs: bytes moved (three passes), the copy bandwidth of
+the device measured once in this session (the host's memory, or the card's for ``cuda``), and
+the roofline time; ``roofline.summarize`` turns the JSON
 into one row per (workload, implementation). The exact reference is never timed.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import pytest
 
@@ -44,9 +46,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def copy_bandwidth() -> float:
-  """This machine's copy bandwidth (bytes/s), measured once per session, with the timings."""
-  return bandwidth.measure_copy_bandwidth()
+def copy_bandwidth() -> Callable[[str], float]:
+  """The copy bandwidth (bytes/s) of a device, measured once per session, with the timings:
+  ``cpu`` the host's memory (numpy), ``cuda`` the card's (device to device)."""
+  measured: dict[str, float] = {}
+
+  def of(device: str) -> float:
+    if device not in measured:
+      if device == "cuda":
+        from clipbench.benchmarks import gpu_check  # pylint: disable=import-outside-toplevel
+        measured[device] = gpu_check.measure_cuda_copy_bandwidth()
+      else:
+        measured[device] = bandwidth.measure_copy_bandwidth()
+    return measured[device]
+
+  return of
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +104,7 @@ def test_clip(benchmark, case: tuple[str, str, str, str], bench_scale: float,
   prepared = timing.prepare(impl, workload, inputs, device)
   run = timing.timed_runner(impl, prepared)
   run(prepared)  # warm-up: jit compilation and first-touch allocations, untimed
-  bw = request.getfixturevalue("copy_bandwidth")
+  bw = request.getfixturevalue("copy_bandwidth")(device)
   nbytes = workloads.bytes_moved(inputs)
   benchmark.group = workload_name
   benchmark.extra_info.update(

@@ -1,7 +1,8 @@
-"""Options of the pytest-benchmark runner ``benchmarks/bench_workloads.py`` (``clipbench bench``).
+"""Options of the pytest-benchmark runner ``benchmarks/bench_workloads.py`` (``clipbench bench``),
+and the card it times on, recorded with the machine.
 
-Only option declarations live here: asv imports every module of this folder while discovering
-benchmarks, and this one must stay inert for it.
+Only declarations live here: asv imports every module of this folder while discovering
+benchmarks, and this one must stay inert for it (nothing is imported until pytest calls a hook).
 """
 
 from __future__ import annotations
@@ -22,3 +23,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   help="device (cpu, cuda); repeatable; default: cpu")
   group.addoption("--bench-scale", type=float, default=1.0, metavar="FLOAT",
                   help="workload scale (1.0 = full size; e.g. 0.01 for a quick look)")
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+  """A run on ``cuda`` records its card (name, datasheet peak bandwidth, software) in the
+  JSON's ``machine_info``; the report's GPU section reads it."""
+  if "cuda" in (config.getoption("bench_device", default=None) or ()):
+    from clipbench.benchmarks import gpu_check  # pylint: disable=import-outside-toplevel
+    machine_info["cuda"] = gpu_check.card_facts()

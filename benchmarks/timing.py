@@ -22,22 +22,16 @@ dispatch compiles each operation once per leaf shape (W4's leaves share one shap
 
 from __future__ import annotations
 
-import glob
-import os
 import statistics
 import time
 from typing import Callable
 
 from clipbench.benchmarks import workloads
+from clipbench.devices import cuda_device_node_present
 from clipbench.impls import calling, frameworks
 from clipbench.impls.registry import DEVICES, Implementation, load
 
 JIT_MAX_LEAVES = 1000
-
-
-def cuda_device_node_present() -> bool:
-  """A cheap, import-free test for an NVIDIA GPU, checked before loading any framework."""
-  return os.path.exists("/dev/nvidiactl") or bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def early_skip_reason(device: str) -> str | None:

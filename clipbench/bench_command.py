@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from clipbench import bench_table, child_run, loading, options, outputs
+from clipbench import bench_table, child_run, devices, loading, options, outputs
 from clipbench.errors import EXIT_FAILED, EXIT_OK, UsageError, note
 
 QUICK_BENCH_OPTIONS = ("--benchmark-max-time=0.2", "--benchmark-min-rounds=3")
@@ -30,7 +30,8 @@ def bench_module() -> str:
 
 
 def pytest_command(impls: Sequence[str], workload_names: Sequence[str], scale: float | None,
-                   quick: bool, json_path: str, extra: Sequence[str]) -> list[str]:
+                   quick: bool, json_path: str, extra: Sequence[str],
+                   device: devices.Device = devices.HOST) -> list[str]:
   """The pytest command line of a benchmark run writing its JSON to ``json_path``."""
   cmd = [sys.executable, "-m", "pytest", bench_module(), "-p", "no:cacheprovider", "-q",
          "--benchmark-quiet", f"--benchmark-json={json_path}"]
@@ -40,21 +41,35 @@ def pytest_command(impls: Sequence[str], workload_names: Sequence[str], scale: f
     cmd += ["--bench-workload", name]
   if scale is not None:
     cmd += ["--bench-scale", repr(scale)]
+  if device != devices.HOST:
+    cmd += ["--bench-device", str(device)]
   if quick:
     cmd += list(QUICK_BENCH_OPTIONS)
   return cmd + list(extra)
 
 
+def bench_device(text: str) -> devices.Device:
+  """``bench --device``: the first device of a kind (the workloads are timed on ``cpu`` or
+  ``cuda``, as the asv grid's classes are)."""
+  device = options.device(text)
+  if device.index:
+    raise UsageError(f"--device {device}: the benchmarks run on cpu or cuda (the first device "
+                     "of each kind)")
+  return device
+
+
 def run_bench(impls: Sequence[str], workload_names: Sequence[str], scale: float | None,
               quick: bool, json_path: str, extra: Sequence[str], *,
-              conformance_path: str = DEFAULT_CONFORMANCE_RESULTS) -> int:
+              conformance_path: str = DEFAULT_CONFORMANCE_RESULTS,
+              device: devices.Device = devices.HOST) -> int:
   """Runs the benchmarks; promotes the JSON over ``json_path`` only after a clean run, then
   prints the tables with the verdicts of the results table at ``conformance_path``."""
   from clipbench.reports import results
   with outputs.staged(json_path) as tmp:
-    cmd = pytest_command(impls, workload_names, scale, quick, tmp, extra)
+    cmd = pytest_command(impls, workload_names, scale, quick, tmp, extra, device)
+    env = {} if device.is_host else devices.environment(device, dict(os.environ))
     rc = child_run.run_pytest(cmd, "benchmarks", outputs.log_path(json_path),
-                              shown_paths={tmp: json_path})
+                              env_defaults=env, shown_paths={tmp: json_path})
     if rc != 0:
       note(f"benchmark run failed (pytest exit status {rc}); {json_path} left as it was")
       return rc
@@ -96,7 +111,10 @@ def bench_command(args: argparse.Namespace) -> int:
   """``clipbench bench [--impl NAME]... [--workload NAME]... [options] [-- pytest args]``."""
   scale = options.scale(args.scale, args.quick)
   ops = options.operations(args.ops)
+  device = bench_device(args.device)
   impls = loading.load_requested(args.impl, require_available=True)
+  options.device_reachable(impls, device)
   names = workloads_of_ops(options.workload_names(args.workload), ops, impls)
   outputs.check_writable(outputs.folder_of(args.json), "--json")
-  return run_bench(args.impl, names, scale, args.quick, args.json, args.pytest_args)
+  return run_bench(args.impl, names, scale, args.quick, args.json, args.pytest_args,
+                   device=device)

@@ -4,7 +4,8 @@ At a terminal the child's whole output goes to a log file while a progress bar (
 :mod:`clipbench.progress_plugin`) runs; the end of the log is then printed as a short summary
 (:func:`summary_tail`). Piped, the child's output is passed through as it comes. Either way
 Ctrl-C stops the child and waits for it (:func:`stop_child`), so nothing it writes outlives the
-clean-up of the run's temporary files.
+clean-up of the run's temporary files. :func:`run_side_by_side` runs several children at once
+(many cores, one card), each with its own log, printed in summary as it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Sequence
 
 from clipbench import terminal
@@ -191,3 +193,51 @@ def _advance(bar: Any, task: Any, label: str, events: str, offset: int) -> int:
     elif kind == "done":
       bar.advance(task)
   return offset + len(complete)
+
+
+def run_side_by_side(cmds: Sequence[Sequence[str]], log_paths: Sequence[str], jobs: int, *,
+                     env_defaults: dict[str, str] | None = None,
+                     shown_paths: dict[str, str] | None = None) -> list[int]:
+  """Runs ``cmds``, at most ``jobs`` at a time, each with its whole output in its log (the
+  same index of ``log_paths``); the end of each log is printed as a summary when its child
+  ends, so that children running together do not interleave. Returns their exit statuses, in
+  the order of ``cmds``. Ctrl-C, or any error, stops every child still running."""
+  env = child_env(env_defaults)
+  shown_paths = shown_paths or {}
+  statuses: dict[int, int] = {}
+  running: list[tuple[int, subprocess.Popen, Any]] = []
+
+  def finish(k: int) -> None:
+    index, proc, log = running.pop(k)
+    statuses[index] = proc.wait()
+    log.close()
+    with open(log_paths[index], encoding="utf-8", errors="replace") as f:
+      tail = _show_paths(summary_tail(f.read()), shown_paths)
+    print(f"--- exit status {statuses[index]}: {shlex.join(cmds[index])}\n{tail}\n"
+          f"full output: {log_paths[index]}", flush=True)
+
+  try:
+    for index, cmd in enumerate(cmds):
+      while len(running) >= jobs:
+        finish(_first_ended(running))
+      print("$ " + _show_paths(shlex.join(cmd), shown_paths), flush=True)
+      os.makedirs(os.path.dirname(os.path.abspath(log_paths[index])), exist_ok=True)
+      log = open(log_paths[index], "w", encoding="utf-8")  # pylint: disable=consider-using-with
+      running.append((index, subprocess.Popen(cmd, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT), log))
+    while running:
+      finish(_first_ended(running))
+  finally:
+    for _, proc, log in running:
+      stop_child(proc)
+      log.close()
+  return [statuses[i] for i in range(len(cmds))]
+
+
+def _first_ended(running: Sequence[tuple[int, subprocess.Popen, Any]]) -> int:
+  """The position in ``running`` of a child that has ended, waiting for one."""
+  while True:
+    for k, (_, proc, _) in enumerate(running):
+      if proc.poll() is not None:
+        return k
+    time.sleep(0.2)

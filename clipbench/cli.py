@@ -13,6 +13,11 @@ Subcommands (one module each):
   fresh results) and writes ``reports/<stamp>/`` and ``reports/latest/``: index.html,
   REPORT.md and the raw tables.
 
+``--device cpu[:N]|cuda[:N]`` (``conform``, ``bench``, ``report``) is where the calls run
+(:mod:`clipbench.devices`); ``--jobs`` and ``--budget`` (``conform``, ``report``) run the
+implementations side by side and bound each one's tests, which the GPU report
+(``clipbench.benchmarks.gpu_check``) uses to fit a short run.
+
 Raw results go to ``results/`` (relative to the working directory): ``conformance.csv``,
 ``safe_range.csv`` and ``benchmarks.json``, each staged beside its final path and swapped in
 only once complete (:mod:`clipbench.outputs`); every output folder is checked for writability
@@ -21,9 +26,10 @@ before any work starts. The pytest runs (and the scan) are children of this proc
 
 Exit status: 0 success; 1 a run failed (for ``conform``: pytest's own status, 1 = some case
 fails); 2 a usage error: unknown implementation or workload, an operation an implementation
-lacks, a library requested by name that is unavailable here, a bad option, an output folder
-that cannot be written, reused results that lack a requested implementation, an unreadable or
-corrupt results file; 130 interrupted (Ctrl-C).
+lacks, a library requested by name that is unavailable here, a bad option, a ``--device`` this
+machine lacks (``cuda`` without an NVIDIA GPU) or that an implementation named cannot reach, an
+output folder that cannot be written, reused results that lack a requested implementation, an
+unreadable or corrupt results file; 130 interrupted (Ctrl-C).
 
 An outside implementation is named ``package.module:attr``; the working directory is on the
 import path (as with ``python -m``), for this process and the pytest runs it starts.
@@ -72,6 +78,21 @@ def _add_suite_options(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--timeout", type=float, metavar="SECONDS",
                       help="per call: a call still running after SECONDS is recorded as an "
                            "error naming its case, and the suite moves on")
+  _add_device(parser, "where every call runs: inputs built on the host are moved there in "
+                      "the implementation's framework, and its outputs must stay there")
+  parser.add_argument("--budget", type=float, metavar="SECONDS",
+                      help="per implementation: once its tests have taken SECONDS, its "
+                           "remaining cases are not run (recorded as not applicable, saying "
+                           "so); its cases run round-robin over the rules")
+  parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                      help="run each implementation's suite in a process of its own, N at a "
+                           "time (default: %(default)s, one process for all)")
+
+
+def _add_device(parser: argparse.ArgumentParser, what: str) -> None:
+  parser.add_argument("--device", default="cpu", metavar="cpu[:N]|cuda[:N]",
+                      help=f"{what} (default: %(default)s; cuda is JAX's and TensorFlow's gpu; "
+                           "cpu:1 is a second JAX host device)")
 
 
 def _add_results_file(parser: argparse.ArgumentParser, option: str, file_name: str,
@@ -117,6 +138,8 @@ def _add_bench(sub: Any, formatter: Any) -> None:
   p.add_argument("--quick", action="store_true",
                  help=f"short run: workloads at scale {QUICK_SCALE}, fewer rounds")
   p.add_argument("--scale", type=float, help="workload scale (1.0 = the stated sizes)")
+  p.add_argument("--device", default="cpu", metavar="cpu|cuda",
+                 help="where the workloads are timed (default: %(default)s)")
   _add_results_file(p, "--json", BENCHMARK_FILE, "pytest-benchmark JSON output")
 
 
@@ -138,6 +161,9 @@ def _add_report(sub: Any, formatter: Any) -> None:
   p.add_argument("--scale", type=float, help="benchmark workload scale (1.0 = stated sizes)")
   p.add_argument("--out", default=DEFAULT_REPORTS_DIR, metavar="DIR",
                  help="reports folder: DIR/<date>/ and DIR/latest/ (default: %(default)s)")
+  p.add_argument("--latest", default="latest", metavar="NAME",
+                 help="the folder in DIR that gets a copy of the newest report (default: "
+                      "%(default)s; the GPU report: latest-gpu)")
   p.add_argument("--reuse", nargs="?", type=float, const=DEFAULT_REUSE_HOURS, metavar="HOURS",
                  help="reuse results files younger than HOURS (default "
                       f"{DEFAULT_REUSE_HOURS:g}) instead of running again")

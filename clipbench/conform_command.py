@@ -2,6 +2,8 @@
 
 The exit status is pytest's: 0 exactly when every case passes or is a listed deviation, so it
 can gate a library's own CI. ``clipbench report`` runs the suite through :func:`run_conform`.
+With ``--jobs N`` each implementation runs in a child of its own, N at a time (many cores, one
+card), and their tables are joined into one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from clipbench import child_run, loading, options, outputs
+from clipbench import child_run, devices, loading, options, outputs
 from clipbench.errors import EXIT_FAILED, note
 
 
@@ -24,13 +26,19 @@ class SuiteOptions:
   profile: str | None = None
   deviations: tuple[str, ...] = ()  # the user's own deviation files, added to the built-in list
   timeout_s: float | None = None  # per call
+  device: devices.Device = devices.HOST  # where every call runs
+  budget_s: float | None = None  # seconds of tests per implementation
+  jobs: int = 1  # pytest children at once, one implementation each when more than one
 
 
 def suite_options(args: argparse.Namespace, ops: Sequence[str] = ()) -> SuiteOptions:
   """The suite's options from the command line, each checked (a usage error names it)."""
   return SuiteOptions(ops=tuple(ops), profile=options.profile(args.profile, args.quick),
                       deviations=options.deviation_files(args.deviations),
-                      timeout_s=options.timeout(args.timeout))
+                      timeout_s=options.timeout(args.timeout),
+                      device=options.device(args.device),
+                      budget_s=options.seconds("--budget", args.budget),
+                      jobs=options.jobs(args.jobs))
 
 
 def conformance_dir() -> str:
@@ -63,24 +71,73 @@ def pytest_command(impls: Sequence[str], suite: SuiteOptions, results_path: str,
   if suite.timeout_s is not None:
     # The suite's own name for it: --timeout belongs to pytest-timeout where that is installed.
     cmd += ["--clipbench-timeout", f"{suite.timeout_s:g}"]
+  if suite.device != devices.HOST:
+    cmd += ["--device", str(suite.device)]
+  if suite.budget_s is not None:
+    cmd += ["--budget", f"{suite.budget_s:g}"]
   return cmd + ["--results", results_path, *extra]
 
 
-def env_defaults() -> dict[str, str]:
-  """Without a GPU the Triton kernels can only run through Triton's interpreter, as in
-  ``make test``; with one they run compiled on CUDA tensors."""
-  from clipbench.benchmarks import timing
-  return {} if timing.cuda_device_node_present() else {"TRITON_INTERPRET": "1"}
+def env_defaults(device: devices.Device = devices.HOST) -> dict[str, str]:
+  """On the host the Triton kernels can only run through Triton's interpreter, as in
+  ``make test``; on a GPU they run compiled, and the frameworks share the card
+  (``devices.environment``)."""
+  if device.is_host:
+    return {"TRITON_INTERPRET": "1"}
+  return devices.environment(device, dict(os.environ))
+
+
+def side_by_side_impls(impls: Sequence[str], device: devices.Device) -> list[str]:
+  """The implementations of a ``--jobs`` run, one child each: those named, else every
+  available one whose framework reaches ``device``."""
+  if impls:
+    return list(impls)
+  every = loading.load_all(progress=False)
+  loading.mark_off_device(every, device)
+  return [impl.name for impl in every if impl.available]
+
+
+def _run_children(impls: Sequence[str], suite: SuiteOptions, tmp: str, results_path: str,
+                  extra: Sequence[str], incomplete: list[str]) -> int:
+  """The suite in one child, or one child per implementation (``suite.jobs`` > 1) whose tables
+  are joined at ``tmp``. Side by side, a child that did not complete (a crash, an internal
+  error) is named in ``incomplete`` and fails the run (status 1) without losing the others'
+  results; alone, its own exit status is returned."""
+  if suite.jobs == 1:
+    return child_run.run_pytest(pytest_command(impls, suite, tmp, extra), "conformance",
+                                outputs.log_path(results_path),
+                                env_defaults=env_defaults(suite.device),
+                                shown_paths={tmp: results_path})
+  import pandas as pd
+  names = side_by_side_impls(impls, suite.device)
+  folder = os.path.dirname(tmp)
+  tables = [os.path.join(folder, f"part-{i}.csv") for i in range(len(names))]
+  logs = [f"{os.path.splitext(results_path)[0]}-{name.replace(':', '_')}.log" for name in names]
+  statuses = child_run.run_side_by_side(
+      [pytest_command([name], suite, table, extra) for name, table in zip(names, tables)], logs,
+      suite.jobs, env_defaults=env_defaults(suite.device),
+      shown_paths={table: results_path for table in tables})
+  for name, rc, log in zip(names, statuses, logs):
+    if rc not in (0, 1):
+      incomplete.append(f"{name} (pytest exit status {rc}; {log})")
+      note(f"the conformance run of {name} did not complete (pytest exit status {rc}); its "
+           f"results are left out: see {log}")
+  written = [t for t in tables if os.path.exists(t)]
+  if written:
+    joined = pd.concat([pd.read_csv(t, dtype=str, keep_default_na=False) for t in written])
+    from clipbench import files
+    files.write_csv(tmp, joined)
+  return 1 if incomplete else max(statuses, default=0)
 
 
 def run_conform(impls: Sequence[str], suite: SuiteOptions, results_path: str,
-                extra: Sequence[str]) -> int:
-  """Runs the suite; promotes its results table over ``results_path`` only if it is sound."""
+                extra: Sequence[str], incomplete: list[str] | None = None) -> int:
+  """Runs the suite; promotes its results table over ``results_path`` only if it is sound.
+  ``incomplete`` receives the implementations whose side-by-side run did not complete."""
   from clipbench.reports import results
   with outputs.staged(results_path) as tmp:
-    cmd = pytest_command(impls, suite, tmp, extra)
-    rc = child_run.run_pytest(cmd, "conformance", outputs.log_path(results_path),
-                              env_defaults=env_defaults(), shown_paths={tmp: results_path})
+    rc = _run_children(impls, suite, tmp, results_path, extra,
+                       [] if incomplete is None else incomplete)
     if rc not in (0, 1):
       note(f"conformance run did not complete (pytest exit status {rc}); "
            f"{results_path} left as it was")
@@ -104,6 +161,8 @@ def conform_command(args: argparse.Namespace) -> int:
   """``clipbench conform [--impl NAME]... [options] [-- pytest args]``."""
   ops = options.operations(args.ops)
   suite = suite_options(args, ops)
-  check_ops_provided(loading.load_requested(args.impl, require_available=True), ops)
+  requested = loading.load_requested(args.impl, require_available=True)
+  check_ops_provided(requested, ops)
+  options.device_reachable(requested, suite.device)
   outputs.check_writable(outputs.folder_of(args.results), "--results")
   return run_conform(args.impl, suite, args.results, args.pytest_args)

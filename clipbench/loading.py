@@ -1,4 +1,5 @@
-"""The implementations a command works on: those named by ``--impl``, or every registered one.
+"""The implementations a command works on: those named by ``--impl``, or every registered one,
+and which of them reach the device the command runs on.
 
 An outside implementation is named ``package.module:attr``; the working directory is on the
 import path (as with ``python -m``), for this process and the pytest runs it starts.
@@ -58,3 +59,20 @@ def load_all(progress: bool | None = None) -> list[Any]:
                                            kind=entry.kind, library=entry.library,
                                            reason=str(e)))
   return impls
+
+
+def mark_off_device(impls: Sequence[Any], device: Any) -> list[Any]:
+  """Marks each available implementation whose framework cannot reach ``device`` (a
+  ``clipbench.devices.Device``) unavailable, with the reason (``not on cuda: ...``); returns
+  those it marked."""
+  from clipbench import devices
+  marked = []
+  for impl in impls:
+    if not impl.available:
+      continue
+    try:
+      devices.framework_device(device, impl.framework)
+    except devices.DeviceUnavailable as e:
+      impl.available, impl.reason = False, f"not on {device}: {e}"
+      marked.append(impl)
+  return marked

@@ -1,7 +1,8 @@
 """Command-line values checked once: each bad one is a :class:`UsageError` naming its option.
 
 Shared by the commands that take the same option (``--ops``, ``--scale``, ``--profile``,
-``--deviations``, ``--timeout``, ``--workload``), so each is checked and worded the same way.
+``--deviations``, ``--timeout``, ``--budget``, ``--jobs``, ``--workload``, ``--device``), so
+each is checked and worded the same way.
 """
 
 from __future__ import annotations
@@ -72,8 +73,39 @@ def deviation_files(paths: Sequence[str]) -> tuple[str, ...]:
   return tuple(paths)
 
 
-def timeout(seconds: float | None) -> float | None:
+def seconds(option: str, value: float | None) -> float | None:
+  """``option`` (``--timeout``, ``--budget``): a positive finite number of seconds, or none."""
+  if value is not None and not (value > 0 and math.isfinite(value)):
+    raise UsageError(f"{option}: expected a positive number of seconds, got {value}")
+  return value
+
+
+def timeout(value: float | None) -> float | None:
   """``--timeout``: a positive finite number of seconds, or none."""
-  if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
-    raise UsageError(f"--timeout: expected a positive number of seconds, got {seconds}")
-  return seconds
+  return seconds("--timeout", value)
+
+
+def jobs(count: int) -> int:
+  """``--jobs``: how many pytest children run at once, at least one."""
+  if count < 1:
+    raise UsageError(f"--jobs: expected a positive number of children, got {count}")
+  return count
+
+
+def device(text: str) -> Any:
+  """``--device``: ``cpu[:N]`` or ``cuda[:N]``, as a ``clipbench.devices.Device``; ``cuda`` on
+  a machine without an NVIDIA device node is a usage error (``devices.requested``)."""
+  from clipbench import devices
+  try:
+    return devices.requested(text)
+  except ValueError as e:
+    raise UsageError(f"--{e}") from None
+
+
+def device_reachable(impls: Sequence[Any], target: Any) -> None:
+  """Each implementation named by ``--impl`` must reach ``--device`` in its framework: a run
+  that would test nothing for one of them is a usage error."""
+  from clipbench import loading
+  for impl in loading.mark_off_device(impls, target):
+    reason = impl.reason.removeprefix(f"not on {target}: ")
+    raise UsageError(f"--device {target}: impl {impl.name!r} cannot run there: {reason}")

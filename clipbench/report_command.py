@@ -56,13 +56,22 @@ def report_command(args: argparse.Namespace) -> int:
   from clipbench.reports import build, results
   if args.reuse is not None and not args.reuse >= 0:
     raise UsageError(f"--reuse: expected a number of hours >= 0, got {args.reuse}")
+  if not args.latest or os.sep in args.latest or args.latest in (".", "..") or (
+      args.latest[0].isdigit()):
+    raise UsageError(f"--latest: expected a folder name (not a path, not starting with a "
+                     f"digit, as the dated folders do), got {args.latest!r}")
   suite = conform_command.suite_options(args)
+  if suite.device.index:
+    raise UsageError(f"--device {suite.device}: a report runs on cpu or cuda (the first device "
+                     "of each kind), where the benchmarks are timed; conform takes any device")
   scale = options.scale(args.scale, args.quick)
   requested = loading.load_requested(args.impl, require_available=True)
+  options.device_reachable(requested, suite.device)
   conf_path = os.path.join(args.results_dir, outputs.CONFORMANCE_FILE)
   bench_path = os.path.join(args.results_dir, outputs.BENCHMARK_FILE)
   range_path = os.path.join(args.results_dir, outputs.SAFE_RANGE_FILE)
-  facts = [("Command", "`" + shlex.join(["clipbench", *args.argv]) + "`")]
+  facts = [("Command", "`" + shlex.join(["clipbench", *args.argv]) + "`"),
+           ("Device", str(suite.device))]
   reuse_conformance = _fresh(conf_path, args.reuse)
   reuse_bench = _fresh(bench_path, args.reuse)
   reuse_ranges = _fresh(range_path, args.reuse)
@@ -73,9 +82,12 @@ def report_command(args: argparse.Namespace) -> int:
   if reuse_conformance:
     print(f"reusing {conf_path} ({_age_hours(conf_path):.1f} h old)")
   else:
-    rc = conform_command.run_conform(args.impl, suite, conf_path, [])
+    incomplete: list[str] = []
+    rc = conform_command.run_conform(args.impl, suite, conf_path, [], incomplete)
     if rc not in (0, 1):
       raise RunFailed("conformance", rc)
+    if incomplete:  # side by side: the others' results stand, and the report says which not
+      facts.append(("Conformance runs that did not complete", "; ".join(incomplete)))
   conformance = results.read_conformance(conf_path)
   _check_results_cover(requested, conformance, conf_path, reused=reuse_conformance)
   facts.append(("Conformance results", _file_fact(conf_path, f"{len(conformance)} cases")))
@@ -83,8 +95,10 @@ def report_command(args: argparse.Namespace) -> int:
   if reuse_ranges:
     print(f"reusing {range_path} ({_age_hours(range_path):.1f} h old)")
   else:
-    rc = safe_range_run.run_safe_range(args.impl, suite.profile, range_path,
-                                       conform_command.env_defaults())
+    rc = safe_range_run.run_safe_range(
+        conform_command.side_by_side_impls(args.impl, suite.device) if suite.jobs > 1
+        else args.impl, suite.profile, range_path, conform_command.env_defaults(suite.device),
+        device=suite.device, jobs=suite.jobs)
     if rc != 0:
       raise RunFailed("safe-range scan", rc)
   safe_range = results.read_safe_range(range_path)
@@ -94,7 +108,7 @@ def report_command(args: argparse.Namespace) -> int:
     print(f"reusing {bench_path} ({_age_hours(bench_path):.1f} h old)")
   else:
     rc = bench_command.run_bench(args.impl, [], scale, args.quick, bench_path, [],
-                                 conformance_path=conf_path)
+                                 conformance_path=conf_path, device=suite.device)
     if rc != 0:
       raise RunFailed("benchmark", rc)
   bench = results.read_benchmarks(bench_path)
@@ -104,6 +118,7 @@ def report_command(args: argparse.Namespace) -> int:
   if not history.empty:
     facts.append(("asv results", f"`{args.asv_results}` ({history['commit'].nunique()} commits)"))
   listed = requested if args.impl else loading.load_all()
+  loading.mark_off_device(listed, suite.device)  # the listing says which could not run there
   sources = build.Sources(conformance=conformance, conformance_path=conf_path, benchmarks=bench,
                           asv_history=history, implementations=listing.listing_frame(listed),
                           safe_range=safe_range,
@@ -115,8 +130,8 @@ def report_command(args: argparse.Namespace) -> int:
       note(f"no timings for {', '.join(untimed)} in {bench_path} (never timed, or skipped)")
   now = datetime.datetime.now(datetime.timezone.utc)
   report = build.build(sources, generated=now)
-  folder = build.write(report, args.out, now.strftime(build.STAMP_FORMAT))
-  latest = os.path.join(args.out, build.LATEST)
+  folder = build.write(report, args.out, now.strftime(build.STAMP_FORMAT), args.latest)
+  latest = os.path.join(args.out, args.latest)
   print(f"report: {os.path.join(folder, 'index.html')}")
   print(f"        {os.path.join(latest, 'index.html')} and REPORT.md (latest)")
   failing = int(sources.conformance["outcome"].isin(["fail", "error", "unexpected-pass"]).sum())

@@ -97,8 +97,12 @@ def case_severity(listed: str, input_class: str, result: str, rel_error: float,
 # ``norm_min`` / ``norm_max`` (the smallest and largest nonzero exact system norm) and
 # ``rel_error`` (the largest relative error of a system's outputs, normwise, or of a reported
 # norm, against the reference; inf for NaN, infinity or a flipped sign; empty when unmeasured).
+#
+# ``device`` is where the calls ran (``cpu``, ``cuda``, ``cpu:1``...: ``clipbench.devices``);
+# a table written before it existed reads as ``cpu``.
 CONFORMANCE_COLUMNS: tuple[str, ...] = (
-    "impl", "kind", "library", "version", "framework", "op", "rule", "case", "dtype", "outcome",
+    "impl", "kind", "library", "version", "framework", "device", "op", "rule", "case", "dtype",
+    "outcome",
     "severity", "max_ulp_error", "norm_ulp_error", "input_class", "result", "input_min_abs",
     "input_max_abs", "norm_min", "norm_max", "rel_error", "observed", "reason", "reproducer",
     "test_id", "duration_s")

@@ -328,6 +328,87 @@ def _local_rows(x, device) -> slice:
 per_shard_norm = PerShardNorm()
 
 
+def _reference_on_arrays(op, leaves, threshold, kw):
+  """The reference's result for framework arrays (leaves and segments), in numpy."""
+  from clipbench.impls import frameworks  # pylint: disable=import-outside-toplevel
+  host = dict(kw, segments=None if kw.get("segments") is None else [
+      frameworks.to_numpy(g) for g in kw["segments"]])
+  return getattr(reference, op)([frameworks.to_numpy(x) for x in leaves], threshold, **host)
+
+
+class DonatesInputs(_Broken):
+  """Right outputs, but the caller's arrays are gone afterwards: deleted, as a jitted step with
+  ``donate_argnums`` leaves them (XLA moves their buffers into the outputs)."""
+
+  caught_by = 12
+  framework = "jax"
+  capabilities = dataclasses.replace(_CAPS, dtypes=("float16", "bfloat16", "float32"))
+
+  def apply(self, op, leaves, threshold, **kw):
+    import jax  # pylint: disable=import-outside-toplevel
+    out, norms = _reference_on_arrays(op, leaves, threshold, kw)
+    placed = [jax.device_put(jax.numpy.asarray(y), x.sharding) for x, y in zip(leaves, out)]
+    norms = jax.numpy.asarray(norms)
+    if leaves:
+      norms = jax.device_put(norms, leaves[0].sharding)
+    for x in leaves:
+      x.delete()
+    return placed, norms
+
+
+donates_inputs = DonatesInputs()
+
+
+class MovesInputs(_Broken):
+  """Right outputs where the inputs were, but the caller's tensors moved to the host
+  afterwards (``x.data = x.data.cpu()``, as a careless offload does). Only a run on a GPU shows
+  it (a host tensor has no other device to go to): see :data:`CAUGHT_ON_SEVERAL_DEVICES`."""
+
+  caught_by = 12
+  framework = "torch"
+
+  def apply(self, op, leaves, threshold, **kw):
+    from clipbench.impls import frameworks  # pylint: disable=import-outside-toplevel
+    out, norms = _reference_on_arrays(op, leaves, threshold, kw)
+    device = str(leaves[0].device) if leaves else "cpu"
+    placed = [frameworks.to_framework(y, "torch", str(x.device)) for x, y in zip(leaves, out)]
+    for x in leaves:
+      x.data = x.data.cpu()
+    return placed, frameworks.to_framework(np.asarray(norms), "torch", device)
+
+
+moves_inputs = MovesInputs()
+
+
+class ReturnsOnAnotherDevice(_Broken):
+  """Returns right outputs on another device than its inputs' (as a ``jax.device_put(out,
+  jax.devices()[0])`` before returning does, wherever the caller placed the inputs).
+
+  Only a process with several devices can show it, so it is not in :data:`CAUGHT_BY` (whose
+  implementations the suite must catch in any process): see :data:`CAUGHT_ON_SEVERAL_DEVICES`.
+  """
+
+  caught_by = 12
+  framework = "jax"
+  capabilities = dataclasses.replace(_CAPS, dtypes=("float16", "bfloat16", "float32"))
+
+  def apply(self, op, leaves, threshold, **kw):
+    import jax  # pylint: disable=import-outside-toplevel
+    out, norms = _reference_on_arrays(op, leaves, threshold, kw)
+    given = {d for x in leaves for d in x.devices()}
+    other = next((d for d in jax.devices("cpu") + jax.devices() if d not in given),
+                 jax.devices()[0])
+    return ([jax.device_put(jax.numpy.asarray(y), other) for y in out],
+            jax.device_put(jax.numpy.asarray(norms), other))
+
+
+returns_on_another_device = ReturnsOnAnotherDevice()
+
+# Defects the suite can only see where there are several devices, by the name the suite loads
+# each one as: conformance/tests runs the JAX one with two JAX host devices (--device cpu:1),
+# the torch one where there is a GPU (--device cuda).
+CAUGHT_ON_SEVERAL_DEVICES = {"returns_on_another_device": 12, "moves_inputs": 12}
+
 # The rule that must catch each one, by the name the suite loads it as.
 CAUGHT_BY = {name: impl.caught_by for name, impl in list(globals().items())
-             if isinstance(impl, _Broken)}
+             if isinstance(impl, _Broken) and name not in CAUGHT_ON_SEVERAL_DEVICES}

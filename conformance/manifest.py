@@ -6,6 +6,10 @@ expected failure unless it says ``strict = false``: a listed case that fails is 
 ``deviation``; one that passes is an ``unexpected-pass`` error, so a manifest stays true when
 a library fixes something. Entries are data, never ``if library == ...`` in tests.
 
+An entry may name the ``device`` kind it was seen on (``cpu`` or ``cuda``; default: any), so
+a departure only a GPU shows is listed apart from the CPU's and is expected only in a run on
+that kind (``--device``); an entry without one is expected on every device.
+
 An entry's ``severity`` is one of :data:`clipbench.schema.SEVERITIES`: the class a person gave
 it. The report derives each case's class from what the case showed (the results table records
 it on every run; ``clipbench.schema.case_severity``) and falls back on the entry's only where
@@ -20,13 +24,15 @@ import os
 import tomllib
 from typing import Iterable
 
+from clipbench import devices
 from clipbench.protocol import OPS, RULES
 from clipbench.schema import SEVERITIES
 
 MANIFEST_PATH = os.path.join(os.path.dirname(__file__), "deviations.toml")
 
 REQUIRED_KEYS = frozenset({"impl", "rule", "cases", "reason", "severity"})
-OPTIONAL_KEYS = frozenset({"op", "strict"})
+OPTIONAL_KEYS = frozenset({"op", "strict", "device"})
+ANY_DEVICE = "*"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +49,12 @@ class Deviation:
   # entries are not strict: a pass there is reported, not an error.
   strict: bool = True
   source: str = ""  # the file the entry came from
+  device: str = ANY_DEVICE  # the device kind it is seen on (clipbench.devices.KINDS), or any
 
-  def matches(self, impl: str, op: str, rule: int | str, case: str) -> bool:
+  def matches(self, impl: str, op: str, rule: int | str, case: str,
+              device: devices.Device = devices.HOST) -> bool:
     return (self.impl == impl and self.rule == rule and fnmatch.fnmatchcase(op, self.op) and
+            self.device in (ANY_DEVICE, device.kind) and
             any(fnmatch.fnmatchcase(case, pattern) for pattern in self.cases))
 
 
@@ -82,8 +91,12 @@ def _entry(path: str, number: int, entry: dict) -> Deviation:
   strict = entry.get("strict", True)
   if not isinstance(strict, bool):
     raise ValueError(f"{where}: strict must be true or false, got {strict!r}")
+  device = entry.get("device", ANY_DEVICE)
+  if device != ANY_DEVICE and device not in devices.KINDS:
+    raise ValueError(f"{where}: device must be one of {', '.join(devices.KINDS)} (or "
+                     f"\"*\"), got {device!r}")
   return Deviation(impl=entry["impl"], rule=rule, cases=tuple(cases), reason=entry["reason"],
-                   severity=severity, op=op, strict=strict, source=path)
+                   severity=severity, op=op, strict=strict, source=path, device=device)
 
 
 def load(path: str = MANIFEST_PATH) -> list[Deviation]:
@@ -116,7 +129,7 @@ def load_all(extra_paths: Iterable[str] = (), builtin: bool = True) -> list[Devi
   return out
 
 
-def find(deviations: list[Deviation], impl: str, op: str, rule: int | str,
-         case: str) -> Deviation | None:
-  """The first entry listing (impl, op, rule, case), or None."""
-  return next((d for d in deviations if d.matches(impl, op, rule, case)), None)
+def find(deviations: list[Deviation], impl: str, op: str, rule: int | str, case: str,
+         device: devices.Device = devices.HOST) -> Deviation | None:
+  """The first entry listing (impl, op, rule, case) on ``device``'s kind, or None."""
+  return next((d for d in deviations if d.matches(impl, op, rule, case, device)), None)

@@ -12,6 +12,10 @@ Options (``pytest --help``, group "clipbench conformance"):
   --deviations FILE                 your expected deviations, added to clipbench's (repeatable)
   --timeout SECONDS                 per call of an implementation (``--clipbench-timeout``
                                     always; only that where pytest-timeout is installed)
+  --device cpu[:N]|cuda[:N]         where every call runs (default: cpu); inputs are moved
+                                    there in the implementation's framework
+  --budget SECONDS                  per implementation: its cases left once its tests have
+                                    taken that long are not run (not applicable, saying so)
 
 Each test carries a ``conformance(rule=..., cases=...)`` marker; ``cases(impl, op)`` yields
 the test's cases for one implementation and operation as (name, payload, skip reason, dtype).
@@ -21,6 +25,7 @@ collected, so the plugin costs nothing in a session without one.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import math
@@ -30,7 +35,7 @@ from typing import Any
 import hypothesis
 import pytest
 
-from clipbench import files
+from clipbench import devices, files, loading
 from clipbench.conformance import manifest, results, summary
 from clipbench.impls import registry
 from clipbench.protocol import OPS, Capabilities
@@ -76,6 +81,10 @@ class State:
   ops: tuple[str, ...]
   deviations: list[manifest.Deviation]
   results: str
+  device: devices.Device = devices.HOST
+  budget_s: float | None = None  # seconds of tests per implementation (--budget)
+  spent_s: dict[str, float] = dataclasses.field(
+      default_factory=lambda: collections.defaultdict(float))  # impl name -> seconds of tests
   rows: list[dict] = dataclasses.field(default_factory=list)
   failures: dict[str, summary.Failure] = dataclasses.field(default_factory=dict)  # by nodeid
   preflight: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
@@ -108,6 +117,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                                                                      "--clipbench-timeout"]
   group.addoption(*names, dest="clipbench_timeout", type=float, default=None,
                   metavar="SECONDS", help=timeout_help)
+  group.addoption("--device", dest="clipbench_device", default="cpu",
+                  metavar="cpu[:N]|cuda[:N]",
+                  help="where every call runs: inputs are built on the host and moved there "
+                       "in the implementation's framework, outputs must stay there (default: "
+                       "cpu; cuda is JAX's and TensorFlow's gpu; cpu:1 is a second JAX host "
+                       "device)")
+  group.addoption("--budget", dest="clipbench_budget", type=float, default=None,
+                  metavar="SECONDS",
+                  help="seconds of tests per implementation: once its tests have taken that "
+                       "long, its remaining cases are not run (recorded as not applicable, "
+                       "with that reason); the cases run round-robin over the tests, so every "
+                       "rule gets its first cases (default: no limit)")
 
 
 def _pytest_timeout_present() -> bool:
@@ -127,6 +148,10 @@ def pytest_configure(config: pytest.Config) -> None:
   timeout = config.getoption("clipbench_timeout")
   if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
     raise pytest.UsageError(f"--timeout: expected a positive number of seconds, got {timeout}")
+  budget = config.getoption("clipbench_budget")
+  if budget is not None and not (budget > 0 and math.isfinite(budget)):
+    raise pytest.UsageError(f"--budget: expected a positive number of seconds, got {budget}")
+  _prepare_device(config)
   if config.getoption("--manifest"):
     config.issue_config_time_warning(pytest.PytestWarning(
         "--manifest is deprecated: use --deviations (it adds to clipbench's list, as "
@@ -137,6 +162,16 @@ def pytest_configure(config: pytest.Config) -> None:
   if config.getoption("--impl") or config.getoption("--deviations") or config.getoption(
       "--manifest") or config.getoption("--ops"):
     state(config)
+
+
+def _prepare_device(config: pytest.Config) -> None:
+  """Checks ``--device`` before anything loads, and sets what the frameworks read once, when
+  they start (``devices.requested``: JAX's host device count for ``cpu:N``, memory growth on
+  a shared card), before any implementation imports them."""
+  try:
+    devices.requested(config.getoption("clipbench_device"))
+  except ValueError as e:
+    raise pytest.UsageError(f"--{e}") from None
 
 
 def state(config: pytest.Config) -> State:
@@ -156,6 +191,11 @@ def state(config: pytest.Config) -> State:
   if requested_unavailable:
     raise pytest.UsageError("; ".join(f"impl {i.name}: unavailable ({i.reason})"
                                       for i in requested_unavailable))
+  device = devices.parse(config.getoption("clipbench_device"))
+  running.set_device(device)
+  refused = loading.mark_off_device(impls, device)
+  if refused and specs:
+    raise pytest.UsageError("; ".join(f"impl {i.name}: {i.reason}" for i in refused))
   ops = config.getoption("--ops")
   selected_ops = tuple(OPS) if not ops else tuple(o.strip() for o in ops.split(","))
   unknown = set(selected_ops) - set(OPS)
@@ -167,7 +207,8 @@ def state(config: pytest.Config) -> State:
   except ValueError as e:
     raise pytest.UsageError(str(e)) from e
   results_path = config.getoption("--results")
-  new = State(impls=impls, ops=selected_ops, deviations=deviations, results=results_path)
+  new = State(impls=impls, ops=selected_ops, deviations=deviations, results=results_path,
+              device=device, budget_s=config.getoption("clipbench_budget"))
   for impl in impls:
     if not impl.available:
       continue
@@ -214,7 +255,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if skip_reason:
           marks.append(pytest.mark.skip(reason=skip_reason))
         else:
-          target.deviation = manifest.find(session.deviations, impl.name, op, rule, name)
+          target.deviation = manifest.find(session.deviations, impl.name, op, rule, name,
+                                           session.device)
           if target.deviation is not None:
             marks.append(pytest.mark.xfail(strict=target.deviation.strict,
                                            reason=target.deviation.reason))
@@ -263,12 +305,48 @@ def check(request: pytest.FixtureRequest):
   return run
 
 
+def _target(item: pytest.Item) -> Target | None:
+  target = getattr(item, "callspec", None) and item.callspec.params.get("target")
+  return target if isinstance(target, Target) else None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+  """Under ``--budget``, each implementation's cases run round-robin over the tests (the first
+  case of every test, then the second...), so a spent budget leaves out the last cases of
+  every rule rather than the last rules."""
+  if config.getoption("clipbench_budget") is None:
+    return
+  seen: dict[tuple[str, str], int] = collections.Counter()
+  rank = {}
+  for item in items:
+    target = _target(item)
+    if target is None:
+      rank[item] = 0
+      continue
+    key = (item.originalname, target.impl.name)
+    rank[item] = seen[key]
+    seen[key] += 1
+  items.sort(key=rank.__getitem__)  # stable: the tests' own order within a round
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+  target = _target(item)
+  if target is None:
+    return
+  current = state(item.config)
+  if current.budget_s is not None and current.spent_s[target.impl.name] >= current.budget_s:
+    pytest.skip(f"left out: {target.impl.name}'s tests had taken the --budget of "
+                f"{current.budget_s:g} s")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
   rep = yield
-  target = getattr(item, "callspec", None) and item.callspec.params.get("target")
-  if not isinstance(target, Target):
+  target = _target(item)
+  if target is None:
     return rep
+  state(item.config).spent_s[target.impl.name] += rep.duration
   if rep.when == "call" or (rep.when == "setup" and (rep.skipped or rep.failed)):
     _record(item, call, rep, target)
   return rep
@@ -309,7 +387,7 @@ def _record(item: pytest.Item, call: pytest.CallInfo, rep: pytest.TestReport,
   impl = target.impl
   session.rows.append(dict(
       impl=impl.name, kind=impl.kind, library=impl.library, version=impl.version,
-      framework=impl.framework, op=target.op, rule=target.rule, case=target.case,
+      framework=impl.framework, device=str(session.device), op=target.op, rule=target.rule, case=target.case,
       dtype=target.dtype, outcome=kind,
       severity=target.deviation.severity if target.deviation and kind in (
           "deviation", "unexpected-pass") else "",
@@ -373,7 +451,8 @@ def _write_summary(tr, current: State, config: pytest.Config) -> None:
       tr.write_line(f"{impl.name}: {impl.reason}")
   if not current.rows and not current.preflight:
     return
-  tr.write_sep("-", "clipbench conformance")
+  tr.write_sep("-", "clipbench conformance" + (
+      f" on {current.device}" if current.device != devices.HOST else ""))
   for name, found in current.probed.items():
     if found.found:
       tr.write_line(f"impl {name}: undeclared capabilities probed: {found.summary()} "

@@ -12,7 +12,8 @@ feature counts as supported when the call returns leaves of the right structure,
 unsupported when the signature has no such keyword or the call raises TypeError,
 NotImplementedError or ValueError naming the argument. Any other outcome (another error, a
 wrong value) is support claimed and is left for the conformance tests to judge: a feature
-the signature offers is tested, never assumed absent. Declarations always win.
+the signature offers is tested, never assumed absent. Declarations always win. Both call on
+the session's device (``--device``), as every test does.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from clipbench.impls import calling, frameworks
 from clipbench.impls.registry import Implementation
 from clipbench.protocol import ANY_NORM_TYPE, DTYPES, Capabilities
 from clipbench.conformance.cases import BF16, P_VALUES
-from clipbench.conformance.running import CallTimeout, within_timeout
+from clipbench.conformance.running import CallTimeout, prepare, within_timeout
 
 PROBED_KEYS = ("per_system", "per_system_max", "norm_types", "nonfinite", "dtypes",
                "returns_norm")
@@ -117,7 +118,7 @@ def check_convention(impl: Implementation, op: str, result: Any, inputs: list[np
       raise ConventionError(f"{op} returned leaves[{i}] of shape {tuple(out.shape)} for an "
                             f"input of shape {x.shape}")
     got = frameworks.to_numpy(out).dtype
-    held = frameworks.to_numpy(given).dtype
+    held = _held_dtype(given, x)
     if check_dtype and got != held:
       raise ConventionError(f"{op} returned leaves[{i}] as {got.name} for a {held.name} "
                             "input; each leaf keeps its dtype")
@@ -128,9 +129,19 @@ def check_convention(impl: Implementation, op: str, result: Any, inputs: list[np
                             f"{canonical}")
 
 
+def _held_dtype(given: Any, built: np.ndarray) -> np.dtype:
+  """The dtype the framework holds an input leaf in (JAX without x64: float32 for float64);
+  the built one when the call left the input unreadable (rule 12 says so, not the
+  preflight)."""
+  try:
+    return frameworks.to_numpy(given).dtype
+  except Exception:  # pylint: disable=broad-except
+    return built.dtype
+
+
 def _call(impl: Implementation, op: str, leaves: list[np.ndarray], threshold: Any,
           **kw: Any) -> tuple[Any, list[Any]]:
-  prepared = calling.prepare(impl, op, leaves, threshold, **kw)
+  prepared = prepare(impl, op, leaves, threshold, **kw)
   result = within_timeout(lambda: calling.run(impl, prepared),
                           f"impl {impl.name}: {op} (probe)")
   return result, prepared.leaves
@@ -141,7 +152,7 @@ def preflight(impl: Implementation, op: str) -> str | None:
   leaves = [_leaf(op)]
   where = f"impl {impl.name}"
   try:
-    prepared = calling.prepare(impl, op, leaves, 1.0)
+    prepared = prepare(impl, op, leaves, 1.0)
   except Exception as e:  # pylint: disable=broad-except
     return (f"clipbench could not build {impl.framework} inputs for {where} "
             f"({type(e).__name__}: {e}); is {impl.framework} installed?")

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from clipbench.conformance import rules
+from clipbench import devices
+from clipbench.conformance import rules, running
 from clipbench.conformance.cases import Case, Inputs
 from clipbench.conformance.running import SESSION, call, call_reference
 from clipbench.impls.registry import Implementation
@@ -85,8 +86,13 @@ def snippet(impl_name: str, description: str, op: str, inputs: Inputs,
   :func:`departure_from_reference` for ``rule`` (the SPEC rule the case checks; without it
   the call is compared with the reference bit for bit).
   Every input is inline (exact literals, or exact packed bytes past ``INLINE_LIMIT``
-  elements), so the text runs on its own wherever clipbench is installed.
+  elements), so the text runs on its own wherever clipbench is installed. Off the host
+  (``--device``), both calls run on the session's device.
   """
+  placed = running.device()
+  device = "" if placed == devices.HOST else f", device={str(placed)!r}"
+  # calling.call places on the first device of a kind only (cpu, cuda).
+  call_device = device if str(placed) == "cuda" else ""
   per_system = inputs.segments is not None and op != "clip_grad_norm"
   arrays = [*inputs.leaves, *(inputs.segments or []), inputs.threshold]
   packed = any(isinstance(a, np.ndarray) and a.size > INLINE_LIMIT for a in arrays)
@@ -120,7 +126,7 @@ def snippet(impl_name: str, description: str, op: str, inputs: Inputs,
       kwargs.append("nonfinite=nonfinite")
     call_lines = [f"impl = registry.load({impl_name!r})",
                   f"out, norms = calling.call(impl, {op!r}, leaves, threshold"
-                  + "".join(", " + k for k in kwargs) + ")",
+                  + "".join(", " + k for k in kwargs) + call_device + ")",
                   "print(out, norms)"]
   # An error is printed, not raised: whether raising is right is the assertion's to say.
   lines += ["try:", *("  " + line for line in call_lines),
@@ -132,7 +138,7 @@ def snippet(impl_name: str, description: str, op: str, inputs: Inputs,
             "# against the exact reference. Fails while the deviation stands.",
             f"problem = departure_from_reference(registry.load({impl_name!r}), {op!r}, leaves, "
             "threshold, segments=segments, num_systems=num_systems, norm_type=norm_type, "
-            f"nonfinite=nonfinite, rule={rule!r})",
+            f"nonfinite=nonfinite, rule={rule!r}{device})",
             "assert problem is None, problem"]
   return "\n".join(lines)
 
@@ -168,8 +174,12 @@ def departure_from_reference(impl: Implementation, op: str, leaves: Sequence[np.
                              threshold: Any, *, segments: Sequence[np.ndarray] | None = None,
                              num_systems: int | None = None, norm_type: float = 2.0,
                              nonfinite: str = "propagate",
-                             rule: int | str | None = None) -> str | None:
+                             rule: int | str | None = None,
+                             device: str | None = None) -> str | None:
   """How ``impl``'s ``op`` on these arguments departs from SPEC.md, or None when it does not.
+
+  The call runs on ``device`` (``cpu[:N]``, ``cuda[:N]``; default: the session's, the host
+  outside the suite), as the conformance suite's calls do.
 
   Where the reference rejects the arguments, ``impl`` must raise the same type of error.
   Otherwise ``impl`` must return, and ``rule`` (a SPEC rule number with a check in
@@ -186,6 +196,14 @@ def departure_from_reference(impl: Implementation, op: str, leaves: Sequence[np.
                     f"got {type(impl).__name__}")
   if op not in OPS:
     raise ValueError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
+  with running.on_device(running.device() if device is None else device):
+    return _departure(impl, op, leaves, threshold, segments, num_systems, norm_type, nonfinite,
+                      rule)
+
+
+def _departure(impl: Implementation, op: str, leaves: Sequence[np.ndarray], threshold: Any,
+               segments: Sequence[np.ndarray] | None, num_systems: int | None, norm_type: float,
+               nonfinite: str, rule: int | str | None) -> str | None:
   per_system = segments is not None and op != "clip_grad_norm"
   inputs = Inputs(leaves=[np.array(x, copy=True) for x in leaves], threshold=threshold,
                   segments=[np.asarray(s) for s in segments] if per_system else None,
@@ -218,6 +236,8 @@ def departure_from_reference(impl: Implementation, op: str, leaves: Sequence[np.
     finally:
       SESSION.forget(case)
     return None
+  if number == 12 and got.misplaced:
+    return f"rule 12: on {running.device()}, {impl.name} {got.misplaced}"
   if number == 12 and got.mutated and not impl.capabilities.in_place:
     return f"rule 12: {impl.name} modified input leaves {got.mutated}"
   return _bitwise_departure(impl, got, expected)

@@ -3,19 +3,25 @@
 The reference is exact and slow, so its result for a (case, op) is computed once per session
 and shared by every implementation. An implementation's own result for a (case, op) is also
 cached: several rules inspect the same call.
+
+Every call runs on the session's device (``--device``, :func:`set_device`): the inputs are
+built on the host, moved to the device in the implementation's framework (:func:`prepare`),
+and the outputs checked to be there (:func:`misplaced`) before they come back for the rule
+checks, which read numpy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from clipbench import reference
+from clipbench import devices, reference
 from clipbench.conformance.cases import Inputs
 from clipbench.impls import calling, frameworks
 from clipbench.impls.registry import Implementation
@@ -30,7 +36,8 @@ class Outcome:
   error: BaseException | None = None
   error_trace: str = ""
   mutated: list[int] = dataclasses.field(default_factory=list)  # indices of modified leaves
-  devices_ok: bool = True
+  # An output left off the session's device, or an input moved off it, in words ("": none).
+  misplaced: str = ""
 
   def raise_if_error(self) -> None:
     if isinstance(self.error, CallTimeout):
@@ -82,6 +89,76 @@ def within_timeout(fn: Callable[[], Any], what: str) -> Any:
   return box["result"]
 
 
+# The device every call of an implementation runs on (``--device``), set by the pytest plugin.
+_device: devices.Device = devices.HOST
+
+
+def set_device(device: devices.Device | str) -> None:
+  """Runs every later call of an implementation on ``device`` (``cpu[:N]``, ``cuda[:N]``)."""
+  global _device
+  _device = devices.parse(device)
+
+
+def device() -> devices.Device:
+  """The device the calls of this session run on."""
+  return _device
+
+
+@contextlib.contextmanager
+def on_device(target: devices.Device | str) -> Iterator[devices.Device]:
+  """Runs the calls made within on ``target``, then returns to the session's device."""
+  before = _device
+  set_device(target)
+  try:
+    yield _device
+  finally:
+    set_device(before)
+
+
+def prepare(impl: Implementation, op: str, leaves: list[np.ndarray], threshold: Any,
+            **kwargs: Any) -> calling.Prepared:
+  """The arguments of one call in ``impl``'s framework: built on the host, then moved to the
+  session's device, leaves and segments alike (the threshold stays a Python float or a numpy
+  array, as the calling convention has it).
+
+  Raises:
+    devices.DeviceUnavailable: the framework cannot reach the device.
+  """
+  prepared = calling.prepare(impl, op, leaves, threshold, **kwargs)
+  moved = dict(prepared.kwargs)
+  if moved.get("segments") is not None:
+    moved["segments"] = [devices.put(s, _device, impl.framework) for s in moved["segments"]]
+  return dataclasses.replace(
+      prepared, leaves=[devices.put(x, _device, impl.framework) for x in prepared.leaves],
+      kwargs=moved)
+
+
+def misplaced(impl: Implementation, prepared: calling.Prepared, result: Any) -> str:
+  """The first array the call left off the session's device, in words ("" when none): an
+  output leaf or norm elsewhere, or an input leaf moved away.
+
+  A call with no array among its leaves (no leaves at all) is told no device, so its norms
+  may rightly come back on the framework's default one.
+  """
+  framework, here = impl.framework, str(_device)
+  out, norms = result
+  named = [(f"leaves[{i}]", y) for i, y in enumerate(out)] if isinstance(out, (list, tuple)) \
+      else []
+  if prepared.leaves:
+    named.append(("the norms", norms))
+  for name, y in named:
+    found = devices.where(y, framework)
+    if found is not None and found != here:
+      return f"returned {name} on {found}, not on {here} where its inputs were"
+  for i, x in enumerate(prepared.leaves):
+    found = devices.where(x, framework)
+    if found == devices.DELETED:
+      return f"deleted its input leaves[{i}] (donated it to a computation?)"
+    if found is not None and found != here:
+      return f"moved its input leaves[{i}] from {here} to {found}"
+  return ""
+
+
 def not_applicable(impl: Implementation, op: str, inputs: Inputs) -> str | None:
   """Why a case lies outside what ``impl`` declares (None when it applies)."""
   caps = impl.capabilities
@@ -107,13 +184,14 @@ def not_applicable(impl: Implementation, op: str, inputs: Inputs) -> str | None:
   return None
 
 
-def call(impl: Implementation, op: str, inputs: Inputs, device: str = "cpu") -> Outcome:
-  """Calls ``impl`` on a copy of ``inputs``; records errors, mutation and output devices."""
+def call(impl: Implementation, op: str, inputs: Inputs) -> Outcome:
+  """Calls ``impl`` on a copy of ``inputs`` on the session's device; records errors, modified
+  inputs and arrays off the device."""
   kw = inputs.kwargs(op)
   if op == "clip_grad_norm":
     kw.pop("segments", None), kw.pop("num_systems", None)
   try:
-    prepared = calling.prepare(impl, op, inputs.leaves, inputs.threshold, device=device, **kw)
+    prepared = prepare(impl, op, inputs.leaves, inputs.threshold, **kw)
   except Exception as e:  # pylint: disable=broad-except
     return Outcome(error=e, error_trace=traceback.format_exc(limit=-3))
   originals = [x.copy() for x in inputs.leaves]
@@ -131,20 +209,20 @@ def call(impl: Implementation, op: str, inputs: Inputs, device: str = "cpu") -> 
   except Exception as e:  # pylint: disable=broad-except
     outcome = Outcome(error=e, error_trace=traceback.format_exc(limit=-3))
   else:
-    outcome = Outcome(leaves=leaves, norms=norms)
-    outcome.devices_ok = _same_devices(prepared.leaves, result[0])
-  after = [frameworks.to_numpy(x) for x in prepared.leaves]
+    outcome = Outcome(leaves=leaves, norms=norms, misplaced=misplaced(impl, prepared, result))
+  after = [_read_back(x) for x in prepared.leaves]
   outcome.mutated = [i for i, (a, b) in enumerate(zip(originals, after))
-                     if a.tobytes() != np.asarray(b).tobytes()]
+                     if b is None or a.tobytes() != np.asarray(b).tobytes()]
   return outcome
 
 
-def _same_devices(inputs: list[Any], outputs: Any) -> bool:
-  for x, y in zip(inputs, outputs):
-    if hasattr(x, "device") and hasattr(y, "device") and not isinstance(x, np.ndarray):
-      if str(x.device) != str(y.device):
-        return False
-  return True
+def _read_back(x: Any) -> np.ndarray | None:
+  """An input leaf's values after the call; None when they cannot be read (the call moved it
+  to a device that holds no data, or freed it)."""
+  try:
+    return frameworks.to_numpy(x)
+  except Exception:  # pylint: disable=broad-except
+    return None
 
 
 def call_reference(op: str, inputs: Inputs) -> Outcome:
@@ -160,9 +238,9 @@ class Session:
   """Per-session caches of reference results, implementation results and exact norms."""
 
   def __init__(self):
-    self._reference: dict[tuple[str, str], Outcome] = {}
-    self._impl: dict[tuple[str, str, str], Outcome] = {}
-    self._inputs: dict[tuple[str, str], Inputs] = {}
+    self._reference: dict[tuple[str, str], Outcome] = {}  # (case, op)
+    self._impl: dict[tuple[str, str, str, str], Outcome] = {}  # (impl, case, op, device)
+    self._inputs: dict[tuple[str, str], Inputs] = {}  # (case, op)
 
   def inputs(self, case, op: str) -> Inputs:
     key = (case.name, op)
@@ -178,12 +256,13 @@ class Session:
 
   def forget(self, case) -> None:
     """Drops every cached result of ``case`` (generated cases are used once)."""
-    for cache in (self._reference, self._impl, self._inputs):
-      for key in [k for k in cache if k[-2 if len(k) == 3 else 0] == case.name]:
+    for cache, position in ((self._reference, 0), (self._impl, 1), (self._inputs, 0)):
+      for key in [k for k in cache if k[position] == case.name]:
         del cache[key]
 
   def result(self, impl: Implementation, case, op: str) -> Outcome:
-    key = (impl.name, case.name, op)
+    """The call of ``impl`` on ``case`` on the session's device, made once."""
+    key = (impl.name, case.name, op, str(_device))
     if key not in self._impl:
       self._impl[key] = call(impl, op, self.inputs(case, op))
     return self._impl[key]

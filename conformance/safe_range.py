@@ -15,7 +15,8 @@ clipped at half its exact norm, so every call clips. Each point is judged at two
 A scan, not a bisection: nothing assumes that pass and fail are monotone in the norm. Every
 point is a row of the results table ``SAFE_RANGE_COLUMNS``; the report draws the ranges.
 
-``python -m clipbench.conformance.safe_range --results results/safe_range.csv [--impl NAME]``
+``python -m clipbench.conformance.safe_range --results results/safe_range.csv [--impl NAME]
+[--device cuda]``: the calls run on the device, as in the conformance suite.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clipbench.conformance import measure, rules
+from clipbench.conformance import measure, rules, running
 from clipbench.conformance.cases import Inputs
 from clipbench.conformance.running import Outcome, call, call_reference, not_applicable
 from clipbench.reference.formats import FORMATS
@@ -212,16 +213,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="seconds of an implementation's calls after which its scans not "
                            "yet begun are left out "
                            f"(default {DEFAULT_BUDGET_S:g}; thorough: none)")
+  parser.add_argument("--device", default="cpu", metavar="cpu[:N]|cuda[:N]",
+                      help="where the calls run (default: cpu), as in the conformance suite")
   parser.add_argument("--profile", choices=("ci", "thorough"), default="ci",
                       help="thorough: every binade and every op (default: every 2nd binade "
                            "in float16, 8th in bfloat16 and float32, 64th in float64; one "
                            "global-norm op)")
   args = parser.parse_args(argv)
-  from clipbench import files, loading  # pylint: disable=import-outside-toplevel
+  from clipbench import devices, files, loading  # pylint: disable=import-outside-toplevel
+  try:
+    running.set_device(devices.requested(args.device))
+  except ValueError as e:
+    parser.error(f"--{e}")
   # The reference is what the scan compares against: it conforms everywhere by construction.
   impls = (loading.load_requested(args.impl, require_available=True) if args.impl
            else [i for i in loading.load_all(progress=False)
                  if i.available and i.kind != "reference"])
+  refused = loading.mark_off_device(impls, running.device())
+  if refused and args.impl:
+    parser.error("; ".join(f"impl {i.name!r}: {i.reason}" for i in refused))
+  impls = [i for i in impls if i.available]
   thorough = args.profile == "thorough"
   steps = {d: 1 for d in FORMATS} if thorough else {}
   rows: list[dict] = []

@@ -27,7 +27,8 @@ def sharding_cases(impl, op):
     return []
   out = []
   for case in layouts.cases(profile(), op):
-    reason = checks.off_host_reason(impl) or not_applicable(impl, op, case.build(op))
+    reason = (checks.device_reason(impl, case.layout.devices) or
+              not_applicable(impl, op, case.build(op)))
     if reason is None:
       checks.RUNS.expect(impl, op, case.name)
     out.append((case.name, case, reason, case.variant.dtype))

@@ -43,7 +43,8 @@ def sharding_cases(impl, op):
     if not case.applies_to(op):
       continue
     reason = (layouts.ON_DEVICE_NOTE if not case.expressible else
-              checks.off_host_reason(impl) or not_applicable(impl, op, case.build(op)))
+              checks.device_reason(impl, case.layout.devices) or
+              not_applicable(impl, op, case.build(op)))
     if reason is None:
       RUNS.expect(impl, op, case.name)
     out.append((case.name, case, reason, case.variant.dtype))

@@ -31,6 +31,9 @@ def _checks(impl, op, rule):
       if reason is None:
         yield name, lambda v=variant, i=inputs: batch_invariance.verify(impl, op, v, i)
   if rule == 12:
+    for name, case, reason, _ in inputs_tests.device_cases(impl, op):
+      if reason is None:
+        yield name, lambda case=case: inputs_tests.verify_device(impl, op, case)
     for name, case, reason, _ in inputs_tests.mutation_cases(impl, op):
       if reason is None:
         yield name, lambda case=case: inputs_tests.verify_not_modified(

@@ -5,13 +5,20 @@
 * grad: the gradient of sum(output) is finite at a zero input and is the identity (all ones)
   where the norm is below the threshold (rule 3 makes the map the identity there);
 * torch.compile: the compiled call gives the eager bits.
+
+Each runs on the session's device (``--device``), on inputs moved there as for every call, and
+its outputs must stay there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from clipbench import devices
+from clipbench.conformance import running
 from clipbench.conformance.cases import Inputs, case_named
 from clipbench.conformance.rules import Violation, first_difference
 from clipbench.conformance.running import SESSION, not_applicable
@@ -36,9 +43,21 @@ def transform_cases(impl, op):
   return out
 
 
+def _prepared(impl, op, inputs: Inputs) -> calling.Prepared:
+  return running.prepare(impl, op, inputs.leaves, inputs.threshold, **_kw(op, inputs))
+
+
 def _eager(impl, op, inputs: Inputs):
-  prepared = calling.prepare(impl, op, inputs.leaves, inputs.threshold, **_kw(op, inputs))
+  prepared = _prepared(impl, op, inputs)
   return prepared, calling.result_to_numpy(calling.run(impl, prepared))
+
+
+def _on_device(impl, prepared, result, what):
+  """``result`` as numpy, once its arrays are found on the session's device."""
+  misplaced = running.misplaced(impl, prepared, result)
+  if misplaced:
+    raise Violation(f"{what} on {running.device()}: {misplaced}")
+  return calling.result_to_numpy(result)
 
 
 def _kw(op, inputs):
@@ -74,7 +93,8 @@ def verify_jit(impl, op, inputs):
 
   jitted = jax.jit(f)
   segments = prepared.kwargs.get("segments")
-  first = calling.result_to_numpy(frameworks.block_until_ready(jitted(prepared.leaves, segments)))
+  first = _on_device(impl, prepared, frameworks.block_until_ready(
+      jitted(prepared.leaves, segments)), "jax.jit")
   _same(eager, first, "jax.jit")
   again = [x * 0.5 for x in prepared.leaves]
   frameworks.block_until_ready(jitted(again, segments))
@@ -94,7 +114,8 @@ def verify_vmap(impl, op, inputs):
   fn = impl.function(op)
   stacked = [jnp.stack([e[0].leaves[i] for e in eagers]) for i in range(len(inputs.leaves))]
   result = jax.vmap(lambda leaves: fn(leaves, prepared.threshold, **prepared.kwargs))(stacked)
-  leaves, norms = calling.result_to_numpy(result)
+  leaves, norms = _on_device(impl, dataclasses.replace(prepared, leaves=stacked), result,
+                             "jax.vmap")
   for j, (_, eager) in enumerate(eagers):
     sliced = ([x[j] for x in leaves], None if norms is None else np.asarray(norms)[j])
     _same(eager, sliced, f"jax.vmap slice {j}")
@@ -103,17 +124,19 @@ def verify_vmap(impl, op, inputs):
 def verify_grad(impl, op, inputs):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  prepared = calling.prepare(impl, op, inputs.leaves, inputs.threshold, **_kw(op, inputs))
+  prepared = _prepared(impl, op, inputs)
   fn = impl.function(op)
 
   def total(leaves):
     out, _ = fn(leaves, prepared.threshold, **prepared.kwargs)
     return sum(jnp.sum(x.astype(jnp.float32)) for x in out)
 
-  zeros = [jnp.zeros_like(x) for x in prepared.leaves]
+  zeros = [devices.put(jnp.zeros_like(x), running.device(), "jax") for x in prepared.leaves]
   for name, point in (("a zero input", zeros), ("an input below the threshold",
                                                 [x * 0.5 for x in prepared.leaves])):
     grads = jax.grad(total)(point)
+    _on_device(impl, dataclasses.replace(prepared, leaves=point), (grads, None),
+               f"jax.grad at {name}")
     for i, g in enumerate(grads):
       g = np.asarray(g, dtype=np.float64)
       if not np.isfinite(g).all():
@@ -127,8 +150,9 @@ def verify_torch_compile(impl, op, inputs):
   prepared, eager = _eager(impl, op, inputs)
   fn = impl.function(op)
   compiled = torch.compile(lambda leaves: fn(leaves, prepared.threshold, **prepared.kwargs))
-  fresh = calling.prepare(impl, op, inputs.leaves, inputs.threshold, **_kw(op, inputs))
-  _same(eager, calling.result_to_numpy(compiled(fresh.leaves)), "torch.compile")
+  fresh = _prepared(impl, op, inputs)
+  _same(eager, _on_device(impl, fresh, compiled(fresh.leaves), "torch.compile"),
+        "torch.compile")
 
 
 VERIFY = {"jit": verify_jit, "vmap": verify_vmap, "grad": verify_grad,

@@ -235,12 +235,13 @@ def _count_cell(everyday: int, edge: int, entries: int, cls: str) -> Cell:
                     f"at the range's edge, from {entries} entr{'ies' if entries > 1 else 'y'}")
 
 
-def _severity_section(severity: pd.DataFrame) -> list[render.Block]:
+def _severity_section(severity: pd.DataFrame, with_device: bool = False) -> list[render.Block]:
   shown = [c for c in tables.SEVERITY_CLASSES
            if c in (*SEVERITIES, tables.UNLISTED) or severity[c].sum()]
   descriptions = tables.CLASS_DESCRIPTIONS
-  rows = tuple((r["impl"], *(_count_cell(int(r[f"{c} everyday"]), int(r[f"{c} edge"]),
-                                         int(r[f"{c} entries"]), c) for c in shown))
+  rows = tuple((r["impl"], *((r["device"],) if with_device else ()),
+                *(_count_cell(int(r[f"{c} everyday"]), int(r[f"{c} edge"]),
+                              int(r[f"{c} entries"]), c) for c in shown))
                for _, r in severity.iterrows())
   low, high = EVERYDAY_RANGE
   return [
@@ -257,10 +258,14 @@ def _severity_section(severity: pd.DataFrame) -> list[render.Block]:
            "class stands only where the case data cannot tell (bits that differ alone and "
            "batched, a modified input). Unlisted failures are departures nobody has "
            "classified yet."),
-      Table(("implementation", *(Cell(c, title=descriptions[c]) for c in shown)), rows,
-            css="severity"),
+      Table(("implementation", *((Cell("device", title=DEVICE_TITLE),) if with_device else ()),
+             *(Cell(c, title=descriptions[c]) for c in shown)), rows, css="severity"),
       Facts(tuple((c, descriptions[c]) for c in shown)),
   ]
+
+
+DEVICE_TITLE = ("where the calls ran: the suite built its inputs on the host, moved them there "
+                "and checked that the outputs stayed there (clipbench --device)")
 
 
 def speed_cell(ratio: float, count: float) -> Cell:
@@ -285,7 +290,8 @@ def speed_columns(summary: pd.DataFrame, sets: dict[str, list[tables.BenchKey]]
 def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
                      sets: dict[str, list[tables.BenchKey]],
                      sentences: Sequence[render.Block] = (),
-                     ranges: Sequence[render.Block] = ()) -> list[render.Block]:
+                     ranges: Sequence[render.Block] = (),
+                     with_device: bool = False) -> list[render.Block]:
   groups, workloads = speed_columns(summary, sets)
   timed = "time vs fastest" in summary.columns
   rows = []
@@ -310,7 +316,7 @@ def _summary_section(summary: pd.DataFrame, severity: pd.DataFrame | None,
   disjoint = [g for g in groups if not sets[g]]
   blocks: list[render.Block] = [Heading("Summary", 2, "summary"), *sentences]
   if severity is not None and len(severity):
-    blocks += _severity_section(severity)
+    blocks += _severity_section(severity, with_device)
   blocks += ranges
   return blocks + [
       Heading("Verdict, accuracy and speed", 3, "verdicts"),
@@ -477,9 +483,10 @@ def _matrix_section(conformance: pd.DataFrame, matrix: pd.DataFrame) -> list[ren
   titles = rule_titles()
   notes = _Footnotes()
   cells = {(r["impl"], r["rule"]): r for _, r in matrix.iterrows()}
+  placed = tables.devices_of(conformance) if tables.off_the_host(conformance) else None
   rows = []
   for impl in tables.implementations(conformance)["impl"]:
-    row: list[Cell | str] = [impl]
+    row: list[Cell | str] = [impl, *((placed[impl],) if placed else ())]
     for rule in rule_names:
       cell = cells.get((impl, rule))
       if cell is None:
@@ -500,7 +507,7 @@ def _matrix_section(conformance: pd.DataFrame, matrix: pd.DataFrame) -> list[ren
            "passed; `n/a` if nothing applied (outside the declared capabilities, never "
            "counted as a pass). Hover a cell for its case counts; the numbered notes give "
            "the reasons."),
-      Table(("implementation",
+      Table(("implementation", *((Cell("device", title=DEVICE_TITLE),) if placed else ()),
              *(Cell(rule_label(r), title=titles.get(str(r), "")) for r in rule_names)),
             tuple(rows), notes="note", css="matrix"),
       Text("Rules: " + " · ".join(
@@ -618,6 +625,46 @@ def _performance_section(performance: pd.DataFrame, bench: results.BenchmarkRun 
   if bars is not None:
     blocks.append(Image(bars))
   return blocks
+
+
+def _share(achieved: float, of: float | None) -> str:
+  return "–" if of is None or not of > 0 or achieved != achieved else (
+      f"{100.0 * achieved / of:.1f}%")
+
+
+def _gpu_section(performance: pd.DataFrame, bench: results.BenchmarkRun | None
+                 ) -> tuple[list[render.Block], pd.DataFrame | None]:
+  """The card the CUDA benchmarks ran on (the benchmark JSON's ``machine_info["cuda"]``): its
+  datasheet peak, the copy bandwidth measured with the timings, and each CUDA benchmark's
+  achieved bandwidth as a share of both; nothing when no benchmark ran on CUDA."""
+  cuda = performance[performance["device"] == "cuda"] if not performance.empty else performance
+  if bench is None or cuda.empty:
+    return [], None
+  card = bench.machine_info.get("cuda") if isinstance(bench.machine_info.get("cuda"),
+                                                      dict) else {}
+  peak = card.get("peak_gbs")
+  peak = float(peak) if isinstance(peak, (int, float)) and peak > 0 else None
+  copies = bench.frame.loc[bench.frame["device"] == "cuda", "bandwidth_gbs"]
+  copy = float(copies.median()) if len(copies) else None
+  table = cuda[["workload", "dtype", "impl", "median_s", "gbs"]].assign(
+      of_peak=[g / peak if peak else math.nan for g in cuda["gbs"]],
+      of_copy=[g / copy if copy else math.nan for g in cuda["gbs"]])
+  facts = [("Card", str(card.get("name") or "not recorded")),
+           ("Software", str(card.get("software") or "not recorded")),
+           ("Datasheet peak", f"{peak:,.0f} GB/s" if peak else
+            "unknown (the card is not in clipbench.benchmarks.gpu_check.PEAK_BANDWIDTH_GBS)"),
+           ("Measured copy bandwidth", "not measured" if copy is None else
+            f"{copy:,.0f} GB/s (device to device, read + write; {_share(copy, peak)} of the "
+            "peak)")]
+  rows = tuple((r["workload"], r["dtype"], r["impl"], Cell(fmt_seconds(r["median_s"]), css="num"),
+                Cell(fmt_number(r["gbs"]), css="num"), Cell(_share(r["gbs"], peak), css="num"),
+                Cell(_share(r["gbs"], copy), css="num")) for _, r in table.iterrows())
+  return [Heading("GPU", 2, "gpu"), Facts(tuple(facts)),
+          Text("Achieved bandwidth of each CUDA benchmark: the roofline's three passes over the "
+               "data (read, read, write) over the median call time, as a share of the card's "
+               "datasheet peak and of the copy bandwidth measured in the same run."),
+          Table(("workload", "dtype", "implementation", "median", "achieved GB/s",
+                 "of peak", "of measured copy"), rows)], table
 
 
 SUMMARY_REASON_CHARS = 200  # of an entry's reason on its collapsed line
@@ -758,7 +805,9 @@ def _implementations_section(listing: pd.DataFrame) -> list[render.Block]:
 
 def _machine_section(bench: results.BenchmarkRun | None,
                      versions: pd.DataFrame) -> tuple[list[render.Block], pd.DataFrame]:
-  bandwidths = bench.frame["bandwidth_gbs"].tolist() if bench is not None else []
+  # The host's memory: a CUDA benchmark's roofline used the card's copy bandwidth (GPU section).
+  bandwidths = (bench.frame.loc[bench.frame["device"] != "cuda", "bandwidth_gbs"].tolist()
+                if bench is not None else [])
   described = machine.machine_description(bench.machine_info if bench else None, bandwidths)
   rows = tuple((r["library"], r["installed"], r["in_results"] or "–")
                for _, r in versions.iterrows())
@@ -801,7 +850,8 @@ def build(sources: Sources, *, generated: datetime.datetime,
   if len(summary):
     blocks += _summary_section(summary, severity, tables.comparison_sets(performance, group_of),
                                _verdict_sentences(summary, narrow, catalogue, files_of),
-                               _safe_range_section(narrow) if narrow is not None else [])
+                               _safe_range_section(narrow) if narrow is not None else [],
+                               with_device=tables.off_the_host(conformance))
     out["summary"] = summary
   if severity is not None:
     out["severity"] = severity
@@ -823,6 +873,10 @@ def build(sources: Sources, *, generated: datetime.datetime,
   blocks += _performance_section(performance, bench, family, _verdicts(summary))
   if not performance.empty:
     out["performance"] = performance
+  gpu_blocks, gpu_table = _gpu_section(performance, bench)
+  blocks += gpu_blocks
+  if gpu_table is not None:
+    out["gpu"] = gpu_table
   if catalogue is not None:
     blocks += _divergence_section(catalogue, sources.conformance_path, files_of)
   history = sources.asv_history
@@ -867,8 +921,8 @@ def write_folder(report: Report, folder: str) -> None:
   files.write_text(os.path.join(folder, "index.html"), render.to_html(report.document))
 
 
-def write(report: Report, out_root: str, stamp: str) -> str:
-  """Writes ``<out_root>/<stamp>/`` and refreshes ``<out_root>/latest/``; returns the former.
+def write(report: Report, out_root: str, stamp: str, latest: str = LATEST) -> str:
+  """Writes ``<out_root>/<stamp>/`` and refreshes ``<out_root>/<latest>/``; returns the former.
 
   A stamp already taken (two runs in one second) gets a ``-2``, ``-3``... suffix.
   """
@@ -885,5 +939,5 @@ def write(report: Report, out_root: str, stamp: str) -> str:
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  files.copy_dir_atomically(target, os.path.join(out_root, LATEST))
+  files.copy_dir_atomically(target, os.path.join(out_root, latest))
   return target

@@ -3,7 +3,8 @@
 The CPU is taken from the benchmark run's own record when there is one (pytest-benchmark
 stores py-cpuinfo's description), so a report built later from reused results still names the
 machine the timings came from. The memory bandwidth is the copy bandwidth the benchmark run
-measured (``extra_info.bandwidth_gbs``), the figure every roofline ratio was computed with.
+measured on the CPU (``extra_info.bandwidth_gbs``), the figure every CPU roofline ratio was
+computed with; a card's is in the report's GPU section.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def machine_description(bench_machine: dict[str, Any] | None,
     if high > 1.05 * low:
       measured += f"; {low:.1f}-{high:.1f} over the run"
   else:
-    measured = "not measured (no benchmark results)"
+    measured = "not measured (no benchmark ran on the CPU)"
   system = (f"{bench_machine.get('system', '')} {bench_machine.get('release', '')}".strip()
             or platform.platform())
   python = bench_machine.get("python_version") or platform.python_version()

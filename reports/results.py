@@ -72,6 +72,8 @@ def read_conformance(path: str | os.PathLike[str]) -> pd.DataFrame:
   for column in CONFORMANCE_COLUMNS:
     if column not in frame.columns:
       frame[column] = ""
+  # Tables from before the device axis ran on the CPU.
+  frame["device"] = frame["device"].where(frame["device"] != "", "cpu")
   for column, allowed in (("outcome", OUTCOMES), ("severity", ("", *SEVERITIES)),
                           ("input_class", ("", *INPUT_CLASSES)), ("result", ("", *RESULTS))):
     bad = ~frame[column].isin(allowed)

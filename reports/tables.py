@@ -107,6 +107,25 @@ def implementations(conformance: pd.DataFrame) -> pd.DataFrame:
   return frame.sort_values(["_rank", "impl"]).drop(columns="_rank").reset_index(drop=True)
 
 
+def _devices(conformance: pd.DataFrame) -> pd.Series:
+  """Each row's device (``cpu`` where the table has none: written before the device axis)."""
+  if "device" not in conformance.columns:
+    return pd.Series("cpu", index=conformance.index, dtype=object)
+  return conformance["device"].where(conformance["device"].astype(str) != "", "cpu")
+
+
+def devices_of(conformance: pd.DataFrame) -> dict[str, str]:
+  """The devices each implementation's cases ran on (``cuda``; several joined by ``, ``)."""
+  return {impl: ", ".join(sorted(set(group))) for impl, group in
+          _devices(conformance).groupby(conformance["impl"], sort=False)}
+
+
+def off_the_host(conformance: pd.DataFrame) -> bool:
+  """Whether any case ran on another device than the host's first (the report then shows the
+  device beside each implementation)."""
+  return bool((_devices(conformance) != "cpu").any())
+
+
 def cell_status(outcomes: Iterable[str]) -> str:
   seen = set(outcomes)
   if seen & FAILING:
@@ -268,14 +287,16 @@ def _classified(conformance: pd.DataFrame) -> pd.DataFrame:
 
 
 def severity_table(conformance: pd.DataFrame) -> pd.DataFrame:
-  """Per implementation (in summary order) and class of :data:`SEVERITY_CLASSES`: the number of
-  cases (column ``<class>``), of those on everyday inputs and at the range's edge
-  (``<class> everyday``, ``<class> edge``) and of distinct entries (``<class> entries``)."""
+  """Per implementation (in summary order), the devices it ran on and, per class of
+  :data:`SEVERITY_CLASSES`, the number of cases (column ``<class>``), of those on everyday
+  inputs and at the range's edge (``<class> everyday``, ``<class> edge``) and of distinct
+  entries (``<class> entries``)."""
   rows = _classified(conformance)
+  placed = devices_of(conformance)
   out = []
   for impl in implementations(conformance)["impl"]:
     mine = rows[rows["impl"] == impl]
-    record: dict[str, object] = {"impl": impl}
+    record: dict[str, object] = {"impl": impl, "device": placed.get(impl, "")}
     for cls in SEVERITY_CLASSES:
       of_class = mine[mine["class"] == cls]
       record[cls] = len(of_class)
@@ -283,7 +304,7 @@ def severity_table(conformance: pd.DataFrame) -> pd.DataFrame:
       record[f"{cls} edge"] = int((of_class["scope"] == RANGE_EDGE).sum())
       record[f"{cls} entries"] = of_class["entry"].nunique()
     out.append(record)
-  return pd.DataFrame(out, columns=["impl", *(c for cls in SEVERITY_CLASSES for c in (
+  return pd.DataFrame(out, columns=["impl", "device", *(c for cls in SEVERITY_CLASSES for c in (
       cls, f"{cls} everyday", f"{cls} edge", f"{cls} entries"))])
 
 

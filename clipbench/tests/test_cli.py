@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 
+import pandas as pd
 import pytest
 
 from clipbench import (child_run, cli, conform_command, files, loading, outputs, safe_range_run,
@@ -97,7 +98,7 @@ def write_benchmarks(cmd):
   shutil.copy(os.path.join(REPORT_DATA, "benchmarks.json"), _option(cmd, "--benchmark-json"))
 
 
-def fake_scan(impls, profile, results_path, env_defaults) -> int:
+def fake_scan(impls, profile, results_path, env_defaults, **kwargs) -> int:
   """Stands in for ``safe_range_run.run_safe_range``: the recorded scan, exit status 0."""
   shutil.copy(os.path.join(REPORT_DATA, "safe_range.csv"), results_path)
   return 0
@@ -228,24 +229,35 @@ def test_conform_outside_module_command_and_results(outside, fake_run, capsys):
   assert _option(cmd, "--results") != str(results)  # the run writes beside, then it is moved
 
 
-@pytest.mark.parametrize("gpu, caller, expected", [
-    (False, None, "1"),     # no GPU: the Triton kernels are checked through the interpreter
-    (False, "0", "0"),      # the caller's own setting wins
-    (True, None, None),     # a GPU: compiled kernels on CUDA tensors, nothing set
+@pytest.mark.parametrize("device, gpu, caller, expected", [
+    ("cpu", False, None, "1"),   # no GPU: the Triton kernels are checked through the interpreter
+    ("cpu", False, "0", "0"),    # the caller's own setting wins
+    ("cpu", True, None, "1"),    # host tensors: interpreted, whatever the machine has
+    ("cuda", True, None, None),  # a GPU: compiled kernels on CUDA tensors, nothing set
 ])
-def test_conform_runs_triton_interpreted_without_gpu(tmp_path, fake_run, monkeypatch, gpu,
-                                                     caller, expected):
-  from clipbench.benchmarks import timing
-  monkeypatch.setattr(timing, "cuda_device_node_present", lambda: gpu)
+def test_conform_runs_triton_interpreted_on_the_host(tmp_path, fake_run, monkeypatch, device,
+                                                     gpu, caller, expected):
+  from clipbench import devices
+  monkeypatch.setattr(devices, "cuda_device_node_present", lambda: gpu)
+  monkeypatch.setattr(devices, "framework_device", lambda device, framework: None)
+  for name in devices.SHARED_CARD_ENVIRONMENT:  # restored after the test, as they were
+    monkeypatch.delenv(name, raising=False)
   if caller is None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
   else:
     monkeypatch.setenv("TRITON_INTERPRET", caller)
   fake = fake_run(rc=0, write=write_conformance)
-  assert cli.main(["conform", "--impl", "reference", "--results",
+  assert cli.main(["conform", "--impl", "reference", "--device", device, "--results",
                    str(tmp_path / "conformance.csv")]) == 0
-  (_, env), = fake.calls
+  (cmd, env), = fake.calls
   assert env.get("TRITON_INTERPRET") == expected
+  if device == "cuda":
+    # JAX and TensorFlow grow their memory on the card as they need it, beside torch.
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert _option(cmd, "--device") == "cuda"
+  else:
+    assert "--device" not in cmd and "XLA_PYTHON_CLIENT_PREALLOCATE" not in env
 
 
 def test_conform_failures_keep_new_results_and_pytest_status(tmp_path, fake_run):
@@ -860,3 +872,127 @@ def test_conform_terminal_output_is_short_and_names_the_final_results(tmp_path, 
   assert "Traceback" not in out and "def " not in out  # no fixture source, no tracebacks
   failing = sum(1 for line in tail.splitlines() if "tmpmod:impl clip_grad_norm" in line)
   assert failing >= 1 and len(tail.splitlines()) < failing + 15
+
+
+# --- implementations side by side (--jobs) -----------------------------------------------------
+
+def test_children_run_side_by_side_each_with_its_own_log(tmp_path, capsys):
+  # Each child waits until all have started (so jobs=3 must run them at once), then exits
+  # with its own status; each log holds its own child's output.
+  started = tmp_path / "started"
+  started.mkdir()
+  child = textwrap.dedent(f"""\
+      import os, sys, time
+      open(os.path.join({str(started)!r}, sys.argv[1]), 'w').close()
+      deadline = time.time() + 120
+      while len(os.listdir({str(started)!r})) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+      print('child', sys.argv[1], 'saw', len(os.listdir({str(started)!r})), 'started')
+      sys.exit(int(sys.argv[2]))
+      """)
+  cmds = [[sys.executable, "-c", child, name, rc] for name, rc in (("a", "0"), ("b", "1"),
+                                                                    ("c", "0"))]
+  logs = [str(tmp_path / f"{name}.log") for name in "abc"]
+  assert child_run.run_side_by_side(cmds, logs, jobs=3) == [0, 1, 0]
+  for name, log in zip("abc", logs):
+    assert f"child {name} saw 3 started" in open(log, encoding="utf-8").read()
+  assert capsys.readouterr().out.count("--- exit status") == 3
+
+
+def test_an_interrupted_side_by_side_run_leaves_no_child_running(tmp_path, monkeypatch):
+  started = []
+  real_popen = subprocess.Popen
+
+  def popen(*args, **kwargs):
+    started.append(real_popen(*args, **kwargs))
+    return started[-1]
+
+  def interrupted(running):
+    raise KeyboardInterrupt  # Ctrl-C while the children run
+
+  monkeypatch.setattr(child_run.subprocess, "Popen", popen)
+  monkeypatch.setattr(child_run, "_first_ended", interrupted)
+  monkeypatch.setattr(child_run, "CHILD_STOP_GRACE_S", (0.1, 0.5, 0.5))
+  with pytest.raises(KeyboardInterrupt):
+    child_run.run_side_by_side([[sys.executable, "-c", "import time; time.sleep(600)"]] * 3,
+                               [str(tmp_path / f"{i}.log") for i in range(3)], jobs=2)
+  assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+def test_conform_jobs_runs_one_child_per_implementation_and_joins_their_tables(
+    tmp_path, monkeypatch, capsys):
+  calls = []
+
+  def side_by_side(cmds, logs, jobs, *, env_defaults=None, shown_paths=None):
+    calls.append((cmds, logs, jobs))
+    for cmd in cmds:  # each child's table: the recorded one, of its implementation only
+      frame = pd.read_csv(os.path.join(REPORT_DATA, "conformance.csv"), dtype=str,
+                          keep_default_na=False)
+      frame[frame["impl"] == _option(cmd, "--impl")].to_csv(_option(cmd, "--results"),
+                                                             index=False)
+    return [0, 1]
+
+  monkeypatch.setattr(child_run, "run_side_by_side", side_by_side)
+  results = tmp_path / "conformance.csv"
+  assert cli.main(["conform", "--impl", "reference", "--impl", "optax.clip_by_global_norm",
+                   "--jobs", "4", "--budget", "30", "--results", str(results)]) == 1
+  (cmds, logs, jobs), = calls
+  assert jobs == 4 and [_option(c, "--impl") for c in cmds] == ["reference",
+                                                               "optax.clip_by_global_norm"]
+  assert all(_option(c, "--budget") == "30" for c in cmds)
+  assert logs == [str(tmp_path / "conformance-reference.log"),
+                  str(tmp_path / "conformance-optax.clip_by_global_norm.log")]
+  from clipbench.reports import results as read
+  joined = read.read_conformance(results)
+  assert set(joined["impl"]) == {"reference", "optax.clip_by_global_norm"}
+  assert os.listdir(tmp_path) == ["conformance.csv"]  # the children's tables went with the run
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["conform", "--jobs", "0"], "--jobs: expected a positive number of children, got 0"),
+    (["conform", "--budget", "-5"], "--budget: expected a positive number of seconds"),
+    (["conform", "--device", "tpu"], "--device: expected cpu[:N] or cuda[:N], got 'tpu'"),
+    (["bench", "--device", "cpu:1"], "--device cpu:1: the benchmarks run on cpu or cuda"),
+    (["report", "--device", "cpu:1"], "--device cpu:1: a report runs on cpu or cuda"),
+    (["report", "--latest", "../x"], "--latest: expected a folder name"),
+    (["conform", "--impl", "clipbench.numba", "--device", "cpu:1"],
+     "--device cpu:1: impl 'clipbench.numba' cannot run there: numpy arrays live on the host"),
+])
+def test_bad_device_options_exit_2_in_one_line_before_any_work(argv, message, capsys,
+                                                              fake_run, monkeypatch):
+  from clipbench import devices
+  # A cpu:N accepted sets JAX's host device count for this process: restored after the test.
+  for name in ("XLA_FLAGS", *devices.SHARED_CARD_ENVIRONMENT):
+    monkeypatch.delenv(name, raising=False)
+  fake = fake_run()
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and message in err[0], err
+  assert not fake.calls
+
+
+def test_cuda_without_a_gpu_is_a_usage_error_for_every_command(capsys, fake_run, monkeypatch):
+  from clipbench import devices
+  monkeypatch.setattr(devices, "cuda_device_node_present", lambda: False)
+  fake = fake_run()
+  for command in ("conform", "bench", "report"):
+    assert cli.main([command, "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == ("clipbench: error: --device cuda: no CUDA GPU on this "
+                                       "machine (no /dev/nvidia* device node)\n")
+  assert not fake.calls
+
+
+def test_a_side_by_side_child_that_crashes_leaves_the_others_results(tmp_path, monkeypatch,
+                                                                      capsys):
+  def side_by_side(cmds, logs, jobs, *, env_defaults=None, shown_paths=None):
+    shutil.copy(os.path.join(REPORT_DATA, "conformance.csv"), _option(cmds[0], "--results"))
+    return [1, -11]  # the second child died (SIGSEGV) before writing its table
+
+  monkeypatch.setattr(child_run, "run_side_by_side", side_by_side)
+  results = tmp_path / "conformance.csv"
+  assert cli.main(["conform", "--impl", "reference", "--impl", "optax.clip_by_global_norm",
+                   "--jobs", "2", "--results", str(results)]) == 1
+  assert results.exists()  # the first child's table stands
+  err = capsys.readouterr().err
+  assert ("the conformance run of optax.clip_by_global_norm did not complete (pytest exit "
+          "status -11)") in err

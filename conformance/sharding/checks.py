@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from clipbench import devices
+from clipbench.conformance import running
 from clipbench.conformance.rules import Finding, Violation
 from clipbench.conformance.sharding import host_devices
 from clipbench.impls.registry import Implementation
@@ -34,6 +36,22 @@ def off_host_reason(impl: Implementation) -> str | None:
     return None
   return (f"runs on {'/'.join(devices)} only; the sharded runs use host ranks (JAX host "
           "devices, torch gloo processes)")
+
+
+def device_reason(impl: Implementation, mesh_devices: int) -> str | None:
+  """Why a case on a mesh of ``mesh_devices`` devices cannot run on the session's device
+  (``--device``). On the host, the sharded runs make their own meshes (JAX host devices, gloo
+  processes). On a GPU, a mesh needs that many GPUs; with one, a sharded call is the unsharded
+  call."""
+  device = running.device()
+  if device.is_host:
+    return off_host_reason(impl)
+  found = devices.count(device.kind, impl.framework)
+  if found < mesh_devices:
+    return (f"on {device}: a mesh of {mesh_devices} needs {mesh_devices} {device.kind} "
+            f"devices; {impl.framework} sees {found}")
+  return (f"on {device}: the sharded runs place their ranks on host devices (JAX host "
+          f"devices, gloo processes); meshes of {device.kind} devices are not run")
 
 
 class NotApplicable(Exception):

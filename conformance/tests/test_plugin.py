@@ -314,3 +314,25 @@ def test_jax_without_x64_gets_a_hint_to_declare_its_dtypes(monkeypatch):
   found = probing.probe(_outside(jax_impl, "jaxlib-user"))
   assert "float64" not in found.capabilities.dtypes
   assert len(found.hints) == 1 and "x64" in found.hints[0] and "dtypes" in found.hints[0]
+
+
+def test_a_spent_budget_leaves_out_the_rest_saying_so_and_the_cases_go_round_robin(tmp_path):
+  rc, out = _pytest(tmp_path, "--impl", "tmpmod:impl", "--budget", "1e-9", "-k",
+                    "rule3 or rule4")
+  assert rc == 0, out
+  table = pd.read_csv(tmp_path / "out.csv", dtype=str, keep_default_na=False)
+  ran, left = table[table.outcome == "pass"], table[table.outcome == "not-applicable"]
+  assert len(ran) == 1 and len(left) > 10  # the first test spent it
+  assert set(left.reason) == {"left out: tmpimpl's tests had taken the --budget of 1e-09 s"}
+  rc, out = _pytest(tmp_path, "--impl", "tmpmod:impl", "--budget", "1000", "-k",
+                    "rule3 or rule4", "--collect-only", "-q")
+  tests = [line.split("[")[0] for line in out.splitlines() if "::test_" in line]
+  # The first case of every test, then the second of every test...
+  assert len(tests) > 4 and len(set(tests[:4])) == 4, tests[:6]
+
+
+def test_bad_budget_and_device_are_usage_errors(tmp_path):
+  for args, message in ((("--budget", "0"), "--budget: expected a positive number"),
+                        (("--device", "tpu"), "--device: expected cpu[:N] or cuda[:N]")):
+    rc, out = _pytest(tmp_path, "--impl", "tmpmod:impl", *args, "-k", "rule3")
+    assert rc == 4 and message in out, out

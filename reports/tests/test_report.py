@@ -220,7 +220,8 @@ def test_severity_table_counts_cases_and_entries(report):
   assert severity.loc["tmpmod:impl", tables.UNLISTED] == 2  # a fail and an error
   assert severity.loc["kups.MaxStepSize", tables.STALE] == 1
   assert severity.loc["reference"].drop(
-      [c for c in severity.columns if c.endswith("entries")]).sum() == 0
+      ["device", *(c for c in severity.columns if c.endswith("entries"))]).sum() == 0
+  assert set(severity["device"]) == {"cpu"}  # a table written before the device axis
 
 
 def test_summary_leads_with_the_severity_table_most_harmful_first(report):
@@ -715,3 +716,50 @@ def test_summary_has_a_sharding_column_per_implementation(conformance, sources):
               if line.startswith("| kups.MaxStepSize | library |"))
   assert "1 of 2 cases differ" in cell and "decision changed in 1; bound held" in cell
   assert "not run" in md
+
+
+# --- a run on a GPU (--device cuda) ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu_report(conformance, tmp_path_factory) -> build.Report:
+  """The recorded results as if run with ``--device cuda``: every case on the card, every
+  benchmark timed there at its recorded time, on a card of 4,000 GB/s measured at 3,200."""
+  with open(BENCHMARKS, encoding="utf-8") as f:
+    data = json.load(f)
+  for bench in data["benchmarks"]:
+    bench["extra_info"].update(device="cuda", bandwidth_gbs=3200.0)
+  data["machine_info"]["cuda"] = {"name": "NVIDIA Test 80GB", "peak_gbs": 4000.0,
+                                  "software": "torch 9.9, CUDA 99.0"}
+  path = tmp_path_factory.mktemp("gpu") / "benchmarks.json"
+  path.write_text(json.dumps(data))
+  on_gpu = conformance.assign(device="cuda")
+  return build.build(build.Sources(conformance=on_gpu, conformance_path=CONFORMANCE,
+                                   benchmarks=results.read_benchmarks(path)), generated=NOW)
+
+
+def test_a_gpu_run_shows_the_device_in_the_severity_table_and_the_matrix(gpu_report, report):
+  md = render.to_markdown(gpu_report.document)
+  severity = md[md.index("## Summary"):md.index("### Verdict, accuracy and speed")]
+  assert "| implementation | device | silent-wrong-value |" in severity
+  assert "| optax.clip_by_global_norm | cuda | 2 / 0 (2) |" in severity
+  matrix = md[md.index("## Conformance matrix"):md.index("## Accuracy")]
+  assert "| implementation | device | R" in matrix
+  assert "| optax.clip_by_global_norm | cuda |" in matrix
+  assert set(gpu_report.tables["severity"]["device"]) == {"cuda"}
+  # A CPU run reads as it always did: no device column.
+  cpu = render.to_markdown(report.document)
+  assert "| implementation | device |" not in cpu and "## GPU" not in cpu
+
+
+def test_the_gpu_section_gives_achieved_bandwidth_against_peak_and_measured_copy(gpu_report):
+  md = render.to_markdown(gpu_report.document)
+  section = md[md.index("## GPU"):]
+  assert "NVIDIA Test 80GB" in section and "torch 9.9, CUDA 99.0" in section
+  assert "4,000 GB/s" in section and "3,200 GB/s" in section and "80.0% of the peak" in section
+  table = gpu_report.tables["gpu"]
+  row = table[(table["workload"] == "W1-model") & (table["impl"] == "clipbench.jax")].iloc[0]
+  achieved = 201326592 / 0.03221225472 / 1e9  # three passes over the median, recorded above
+  assert row["gbs"] == pytest.approx(achieved)
+  assert row["of_peak"] == pytest.approx(achieved / 4000.0)
+  assert row["of_copy"] == pytest.approx(achieved / 3200.0)
+  assert f"| {100 * achieved / 4000:.1f}% | {100 * achieved / 3200:.1f}% |" in section
