@@ -22,7 +22,7 @@ import torch
 
 from clipbench.impls.own.decision import KEEP, NAN_FILL, SCALE
 from clipbench.impls.own.torch.decisions import Plan
-from clipbench.impls.own.torch.eager_passes import by_dtype, flat_blocks
+from clipbench.impls.own.torch.eager_passes import flat_blocks
 from clipbench.impls.own.torch.formats import FMT64, round_to
 from clipbench.impls.own.torch.layout import Leaf, gather
 
@@ -60,13 +60,14 @@ def apply_global(leaves: list[Leaf], plan: Plan, rtz=scale_toward_zero) -> list[
   """
   decision = plan.single
   out: list[torch.Tensor | None] = [None] * len(leaves)
-  position = {id(leaf): i for i, leaf in enumerate(leaves)}
+  groups: dict[torch.dtype, list[int]] = {}
   for i, leaf in enumerate(leaves):
     if leaf.numel == 0:
       out[i] = leaf.x if leaf.owned else leaf.x.clone()
-  for dtype, group in by_dtype(leaves).items():
-    xs = [leaf.x for leaf in group]
-    where = [position[id(leaf)] for leaf in group]
+    else:
+      groups.setdefault(leaf.x.dtype, []).append(i)
+  for dtype, where in groups.items():
+    xs = [leaves[i].x for i in where]
     if decision.action == KEEP:
       ys = [torch.empty_like(x) for x in xs]
       torch._foreach_copy_(ys, xs)  # pylint: disable=protected-access
@@ -80,9 +81,10 @@ def apply_global(leaves: list[Leaf], plan: Plan, rtz=scale_toward_zero) -> list[
                                                    plan.host_scale[0]), device=x.device)
             for x in xs]
     else:
-      ys = _blockwise(xs, lambda block: rtz(block, decision.scale))
-    for i, x, y in zip(where, xs, ys):
-      out[i] = y.reshape(x.shape)
+      ys = [y.view(x.shape) for x, y in zip(xs, _blockwise(xs, lambda block: rtz(
+          block, decision.scale)))]
+    for i, y in zip(where, ys):
+      out[i] = y
   return out
 
 
