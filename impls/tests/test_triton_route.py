@@ -21,11 +21,15 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="Triton kernels run on the CPU only under TRITON_INTERPRET=1")
 
 # pylint: disable=wrong-import-position
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from clipbench.impls.own.torch import branches, eager  # noqa: E402
 from clipbench.impls.own.torch.certified import (decide_float32, decide_float64,  # noqa: E402
                                                   exact_value_pieces)
 from clipbench.impls.own.torch.floats import U64, gamma  # noqa: E402
 from clipbench.impls.own.torch.measure import _around  # noqa: E402
+from clipbench.impls.own.triton.kernels import _sum_runs  # noqa: E402
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -148,3 +152,31 @@ def test_decision_kernel_decides_float64_norms_as_the_operators_do():
   assert _bits(norm[decided]) == _bits(want.norm[decided])
   assert _bits(scale[decided & want.clip]) == _bits(want.scale[decided & want.clip])
   assert want.ambiguous.sum() > 0 and decided.sum() > K / 2
+
+
+@triton.jit
+def _runs_both_ways(flags, values, out, N: tl.constexpr):
+  """Three elements' run totals combined as (x + y) + z and as x + (y + z)."""
+  i = tl.arange(0, N)
+  f, v = tl.load(flags + i), tl.load(values + i)
+  g, w = tl.load(flags + N + i), tl.load(values + N + i)
+  h, x = tl.load(flags + 2 * N + i), tl.load(values + 2 * N + i)
+  f1, a1, _ = _sum_runs(*_sum_runs(f, v, v, g, w, w), h, x, x)
+  f2, a2, _ = _sum_runs(f, v, v, *_sum_runs(g, w, w, h, x, x))
+  tl.store(out + i, a1)
+  tl.store(out + N + i, a2)
+  tl.store(out + 2 * N + i, (f1 - f2).to(tl.float64))
+
+
+def test_run_scans_are_associative_whatever_the_runs():
+  # A parallel scan may associate its combines in any order: the segmented-run operators must
+  # give the same totals either way, also when one tile holds a system in two runs (a scan
+  # that compared ids instead added a system's first run into its second, on the GPU only).
+  rng = np.random.default_rng(33)
+  n = 64
+  flags = torch.tensor(rng.integers(0, 2, 3 * n), dtype=torch.int32)
+  values = torch.tensor(rng.integers(1, 100, 3 * n).astype(np.float64))
+  out = torch.empty(3 * n, dtype=torch.float64)
+  _runs_both_ways[(1,)](flags, values, out, N=n)
+  assert torch.equal(out[:n], out[n:2 * n])
+  assert not out[2 * n:].any()

@@ -250,9 +250,9 @@ if triton is not None:
     mk = k < K
     fp = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
     zero = tl.zeros([BLOCK], dtype=tl.float64)
-    p = p_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    p = tl.cast(p_bits, tl.int64).to(tl.float64, bitcast=True)
     if THRESHOLD == 0:
-      c = thr_bits.to(tl.int64).to(tl.float64, bitcast=True) + zero
+      c = tl.cast(thr_bits, tl.int64).to(tl.float64, bitcast=True) + zero
     elif THRESHOLD == 1:
       c = tl.load(thr + k, mask=mk, other=0.0)
     else:
@@ -266,8 +266,8 @@ if triton is not None:
       counts = tl.load(fp + base + R_COUNT * K + k, mask=mk, other=0.0)
       depth = counts + n_leaves + 2
     else:
-      counts = n_total.to(tl.float64) + zero
-      depth = depth_bits.to(tl.int64).to(tl.float64, bitcast=True) + zero
+      counts = zero + n_total
+      depth = tl.cast(depth_bits, tl.int64).to(tl.float64, bitcast=True) + zero
     if KIND != _SUM and KIND != _STEP:
       big = tl.load(scratch + base + R_BIG * K + k, mask=mk, other=0).to(tl.float64,
                                                                           bitcast=True)
@@ -312,7 +312,7 @@ if triton is not None:
       nan = best != best
       inf = best == float("inf")
       zeros = best == 0
-      lo, mid, hi = around(tl.sqrt(best), rel_bits.to(tl.int64).to(tl.float64, bitcast=True))
+      lo, mid, hi = around(tl.sqrt(best), tl.cast(rel_bits, tl.int64).to(tl.float64, bitcast=True))
     else:
       zeros = big == 0
     todo = mk & ~nan & ~inf & ~zeros

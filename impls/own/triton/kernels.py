@@ -66,22 +66,26 @@ if triton is not None:
     field = (w.to(tl.int64, bitcast=True) >> 52) & 0x7FF
     return tl.where(sub, field - 1022 - 64, field - 1022)
 
+  # Segmented scans: ``f`` flags the first unit of a run (a new system id, or the tile's first
+  # unit). (f1, v1) + (f2, v2) = (f1 | f2, v2 if f2 else v1 + v2) is associative whatever the
+  # flags, so a parallel scan gives each unit the total of its run up to it; comparing ids
+  # instead (v1 + v2 when k1 == k2) is not, when a tile holds a system's units in two runs.
   @triton.jit
-  def _sum_runs(k1, a1, n1, k2, a2, n2):
-    same = k1 == k2
-    return k2, tl.where(same, a1 + a2, a2), tl.where(same, n1 + n2, n2)
+  def _sum_runs(f1, a1, n1, f2, a2, n2):
+    cut = f2 != 0
+    return f1 | f2, tl.where(cut, a2, a1 + a2), tl.where(cut, n2, n1 + n2)
 
   @triton.jit
-  def _max_runs(k1, a1, b1, n1, k2, a2, b2, n2):
-    same = k1 == k2
-    return (k2, tl.where(same, tl.maximum(a1, a2), a2), tl.where(same, tl.maximum(b1, b2), b2),
-            tl.where(same, n1 + n2, n2))
+  def _max_runs(f1, a1, b1, n1, f2, a2, b2, n2):
+    cut = f2 != 0
+    return (f1 | f2, tl.where(cut, a2, tl.maximum(a1, a2)), tl.where(cut, b2, tl.maximum(b1, b2)),
+            tl.where(cut, n2, n1 + n2))
 
   @triton.jit
-  def _pieces_runs(k1, a1, b1, c1, d1, k2, a2, b2, c2, d2):
-    same = k1 == k2
-    return (k2, tl.where(same, a1 + a2, a2), tl.where(same, b1 + b2, b2),
-            tl.where(same, c1 + c2, c2), tl.where(same, d1 + d2, d2))
+  def _pieces_runs(f1, a1, b1, c1, d1, f2, a2, b2, c2, d2):
+    cut = f2 != 0
+    return (f1 | f2, tl.where(cut, a2, a1 + a2), tl.where(cut, b2, b1 + b2),
+            tl.where(cut, c2, c1 + c2), tl.where(cut, d2, d1 + d2))
 
   @triton.jit
   def _load_f64(ptrs, mask):
@@ -98,7 +102,7 @@ if triton is not None:
       count = tl.load(f64 + base + R_COUNT * K + k, mask=valid, other=1.0)
     else:
       big = tl.load(f64 + base + R_BIG * K) + tl.zeros_like(key).to(tl.float64)
-      count = n_total.to(tl.float64) + tl.zeros_like(key).to(tl.float64)
+      count = tl.zeros_like(key).to(tl.float64) + n_total
     ok = (big > 0) & (big < float("inf"))
     return tl.where(ok, frexp_exponent(tl.where(ok, big, 1.0)), 0), tl.maximum(count, 1.0)
 
@@ -123,7 +127,7 @@ if triton is not None:
     leaf = tl.load(row + 5)
     unit = tl.load(row + 6)
     f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
-    p = p_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    p = tl.cast(p_bits, tl.int64).to(tl.float64, bitcast=True)
     lanes = tl.arange(0, BLOCK)
     acc_a = tl.zeros([BLOCK], dtype=tl.float64)
     acc_b = tl.zeros([BLOCK], dtype=tl.float64)
@@ -145,7 +149,10 @@ if triton is not None:
         above = tl.maximum(above, tl.where(m & (raw >= K), raw - K + 1, 0))
         later = m & (u + 1 < count) & (lanes < BLOCK - 1)
         nxt = tl.load(ids + (units + 1) // per_row, mask=later, other=-1)
-        end = valid & (nxt != raw)
+        end = valid & (~later | (nxt != raw))
+        earlier = m & (lanes > 0)
+        prv = tl.load(ids + (units - 1) // per_row, mask=earlier, other=-1)
+        first = (~earlier | (prv != raw)).to(tl.int32)
         key = tl.where(valid, raw, -1)
       else:
         valid = m
@@ -201,14 +208,16 @@ if triton is not None:
       ones = tl.where(valid, weight, 0.0)
       if PER_SYSTEM:
         if MODE == _EXTREMES:
-          _, a_run, b_run, n_run = tl.associative_scan((key, a_bits, b_bits, ones), 0, _max_runs)
+          _, a_run, b_run, n_run = tl.associative_scan((first, a_bits, b_bits, ones), 0,
+                                                       _max_runs)
           tl.atomic_max(scratch + base + R_BIG * K + key, a_run, mask=end)
           tl.atomic_max(scratch + base + R_SMALL * K + key, b_run, mask=end)
         elif MODE == _STEPS:
-          _, a_run, b_run, n_run = tl.associative_scan((key, a_bits, b_bits, ones), 0, _max_runs)
+          _, a_run, b_run, n_run = tl.associative_scan((first, a_bits, b_bits, ones), 0,
+                                                       _max_runs)
           tl.atomic_max(scratch + base + R_SUMS * K + key, a_run, mask=end)
         elif MODE == _PIECES:
-          _, a_run, b_run, c_run, d_run = tl.associative_scan((key, q1, q2, qt, rest), 0,
+          _, a_run, b_run, c_run, d_run = tl.associative_scan((first, q1, q2, qt, rest), 0,
                                                               _pieces_runs)
           tl.atomic_add(f64 + base + R_Q1 * K + key, a_run, mask=end)
           tl.atomic_add(f64 + base + R_Q2 * K + key, b_run, mask=end)
@@ -216,7 +225,7 @@ if triton is not None:
           tl.atomic_add(f64 + base + R_REST * K + key, d_run, mask=end)
           n_run = ones
         else:
-          _, a_run, n_run = tl.associative_scan((key, tl.where(valid, term, 0.0), ones), 0,
+          _, a_run, n_run = tl.associative_scan((first, tl.where(valid, term, 0.0), ones), 0,
                                                 _sum_runs)
           tl.atomic_add(f64 + base + R_SUMS * K + key, a_run, mask=end)
         if COUNTS:

@@ -77,8 +77,11 @@ class TritonKernels(EagerKernels):
 
   def prepare(self, batch: Batch) -> Batch:
     """Leaves and ids made contiguous (the kernels address them flat); the rest is found by
-    the kernels themselves."""
+    the kernels themselves. A call with no element at all is the eager route's (nothing to
+    launch, and with no leaves no device to launch on)."""
     self._check_device(batch)
+    if not _has_elements(batch):
+      return super().prepare(batch)
     low = any(leaf.low and leaf.numel for leaf in batch.leaves)
     batch.prec = 24 if low or not batch.norm64 else 53  # per system where both (see _resolve)
     for leaf in batch.leaves:
@@ -91,6 +94,8 @@ class TritonKernels(EagerKernels):
   # ------------------------------------------------------------------------------ the call
   def plan(self, batch: Batch, kind: str, p: float, threshold: Threshold,
            certified: bool = True) -> Plan:
+    if not _has_elements(batch):
+      return super().plan(batch, kind, p, threshold, certified)
     K, dev = batch.num_systems, batch.device
     groups = _groups(batch, steps=kind == "step" and not batch.norm64)
     per_system = batch.per_system
@@ -121,8 +126,20 @@ class TritonKernels(EagerKernels):
       else:
         self._measure(scratch, groups, batch, kernels.POWERS, p=p, counts=False, low=False)
         decide_kind = dk.POWER
+    self._check_ids_of_empty_leaves(scratch, batch)
     self._decide(scratch, batch, threshold, decide_kind, p, items, certified, low)
     return self._read(scratch, batch, threshold, kind, p, certified)
+
+  @staticmethod
+  def _check_ids_of_empty_leaves(scratch: Scratch, batch: Batch) -> None:
+    """Leaves with rows but no element launch nothing: their ids' range goes into the summary
+    by tensor operations (the kernels' own words for every other leaf)."""
+    K = batch.num_systems
+    for i, leaf in enumerate(batch.leaves):
+      if leaf.rows and not leaf.numel:
+        lo, hi = torch.aminmax(leaf.seg)
+        words = scratch.buffer[S.LEAF_WORDS + 2 * i:S.LEAF_WORDS + 2 * i + 2]
+        words.copy_(torch.stack([(-lo).clamp(min=0), (hi - K + 1).clamp(min=0)]))
 
   def _measure(self, scratch: Scratch, groups, batch: Batch, mode: int, counts: bool,
                low: bool, p: float = 2.0, square: bool = False) -> None:
@@ -219,6 +236,8 @@ class TritonKernels(EagerKernels):
   # ------------------------------------------------------------------------------ outputs
   def apply(self, batch: Batch, plan: Plan) -> list[torch.Tensor]:
     self._check_device(batch)
+    if not _has_elements(batch):
+      return super().apply(batch, plan)
     out: list[torch.Tensor | None] = [None] * len(batch.leaves)
     for i, leaf in enumerate(batch.leaves):
       if leaf.numel == 0:
@@ -258,6 +277,10 @@ class TritonKernels(EagerKernels):
         if rows.numel():
           values = host_scale_toward_zero(leaf.matrix()[rows].cpu().numpy(), s)
           m[rows] = torch.as_tensor(values, device=m.device)
+
+
+def _has_elements(batch: Batch) -> bool:
+  return any(leaf.numel for leaf in batch.leaves)
 
 
 def triton_cdiv(a: int, b: int) -> int:
