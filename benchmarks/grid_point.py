@@ -1,17 +1,20 @@
 """One point of the asv grids (impl x workload x dtype x device), as asv's processes use it.
 
-asv starts a process per grid point and metric (a fork of its server, which loaded no
-framework) and re-runs ``setup`` around every timed call (asv#966), so a point is loaded, its
-inputs built and converted and its call warmed up once per process (``load``). Only the speed
-process of a point (``time_clip``) loads it: after asv has read its time, it measures the
-Track figures, its own peak memory first (``record_figures``), and leaves them in the run's
-folder (``run_folder``); the Track processes read them, or measure by themselves when they
-find none. Every reason a point cannot run becomes asv's ``SkipNotImplemented``.
+asv starts a process per grid point and metric (a fork of its server, which imported the
+frameworks but ran nothing in them: ``preload_frameworks``) and re-runs ``setup`` around every
+timed call (asv#966), so a point is loaded, its inputs built and converted and its call warmed
+up once per process (``load``). Only the speed process of a point (``time_clip``) loads it:
+after asv has read its time, it measures the Track figures, its peak memory first
+(``record_figures``), and leaves them in the run's folder (``run_folder``); the Track processes
+read them, or measure by themselves when they find none. Every reason a point cannot run
+becomes asv's ``SkipNotImplemented``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import importlib
 import math
 import os
 import sys
@@ -81,6 +84,41 @@ def enable_jax_compilation_cache() -> str:
   return path
 
 
+# What asv's forkserver imports before it forks a benchmark process (``preload_frameworks``),
+# so that no process pays for it: the tracked implementations' frameworks and the compiler
+# front ends our own kernels import (torch's dynamo, numba). Import only: none of them starts a
+# thread or a process, or touches CUDA, when imported (benchmarks/tests/test_asv_suite.py).
+PRELOADED_MODULES = ("numba", "torch", "torch._dynamo", "jax")
+# asv starts its forkserver as `benchmark.py run_server DIR SOCKET` (asv.runner, ForkServer);
+# its other processes that import the suite (discovery, `asv check`, setup_cache) fork nothing.
+ASV_FORKSERVER_COMMAND = "run_server"
+
+
+def in_asv_forkserver(argv: list[str] | None = None) -> bool:
+  """Whether this process is asv's forkserver, the one whose imports every benchmark process
+  inherits."""
+  argv = sys.argv if argv is None else argv
+  return argv[1:2] == [ASV_FORKSERVER_COMMAND]
+
+
+def preload_frameworks() -> tuple[str, ...]:
+  """Imports those of ``PRELOADED_MODULES`` that are installed; returns their names.
+
+  Then moves every object imported so far out of the garbage collector's reach
+  (``gc.freeze``): a forked process's collections would otherwise write to all of them and
+  copy their pages from the server.
+  """
+  loaded = []
+  for name in PRELOADED_MODULES:
+    try:
+      importlib.import_module(name)
+    except ImportError:
+      continue
+    loaded.append(name)
+  gc.freeze()
+  return tuple(loaded)
+
+
 def _run_dir(run: Run | None) -> str | None:
   return None if not run else run.get("run_dir")
 
@@ -143,6 +181,7 @@ class Loaded:
   inputs: workloads.WorkloadInputs
   runner: Callable[[calling.Prepared], object]
   warm: calling.Prepared  # the warmed-up preparation (refilled before each in-place call)
+  rss_after_import: int | None  # bytes, from ``reset_peak_rss``: where the peak memory starts
 
   @property
   def point(self) -> Point:
@@ -168,11 +207,12 @@ def load(impl_name: str, workload_name: str, dtype: str, device: str,
   if case is None:
     _LOADED.clear()
     impl, workload = load_or_skip(impl_name, workload_name, dtype, device)
+    rss_after_import = reset_peak_rss()
     inputs = _inputs(workload, scale, dtype, run_dir)
     prepared = timing.prepare(impl, workload, inputs, device)
     runner = timing.timed_runner(impl, prepared)
     runner(prepared)  # jit compilation and first-touch allocations, untimed
-    case = Loaded(impl, workload, dtype, device, inputs, runner, prepared)
+    case = Loaded(impl, workload, dtype, device, inputs, runner, prepared, rss_after_import)
     _LOADED[key] = case
   return case
 
@@ -223,15 +263,40 @@ def read_figures(run: Run | None, *point: str) -> dict[str, Any] | None:
   return run_folder.read_figures(_run_dir(run), point, asv_scale())
 
 
-def peak_rss_bytes() -> int | None:
-  """This process's peak resident set size in bytes (what asv's ``peakmem_`` benchmarks read),
-  or None where Python has no ``resource`` module (Windows)."""
+def _status_bytes(field: str) -> int | None:
+  """A memory field of /proc/self/status (``VmRSS``, ``VmHWM``) in bytes; None without it."""
   try:
-    import resource  # pylint: disable=import-outside-toplevel
-  except ImportError:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1]) * 1024  # the kernel writes kB
+  except OSError:
+    pass
+  return None
+
+
+def reset_peak_rss() -> int | None:
+  """Lowers this process's peak RSS (``VmHWM``) to its current RSS and returns that RSS in
+  bytes; None where the kernel offers no such reset (``/proc/self/clear_refs``: Linux).
+
+  The peak memory of a point starts here, after its implementation was imported: whether the
+  import happened in this process or in asv's forkserver before the fork, it is left out.
+  """
+  try:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+      f.write("5")  # 5: reset the peak RSS (proc(5))
+  except OSError:
     return None
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return peak if sys.platform == "darwin" else peak * 1024  # Linux counts KiB, macOS bytes
+  return _status_bytes("VmRSS")
+
+
+def peak_rss_growth_bytes(rss_after_import: int | None) -> int | None:
+  """How far this process's RSS rose above ``rss_after_import`` (``reset_peak_rss``) at its
+  peak, in bytes, or None where it cannot be told."""
+  peak = _status_bytes("VmHWM")
+  if peak is None or rss_after_import is None:
+    return None
+  return max(0, peak - rss_after_import)
 
 
 _RECORDED: set[Point] = set()  # points this process has recorded (or tried to)
@@ -248,9 +313,9 @@ def record_figures(run: Run | None, case: Loaded | None) -> None:
   _RECORDED.add(case.point)
   if read_figures(run, *case.point) is not None:
     return
-  peak = peak_rss_bytes()
+  peak = peak_rss_growth_bytes(case.rss_after_import)
   try:
-    figures = {"peak_rss_bytes": peak, "median_seconds": median_seconds(case),
+    figures = {"peak_rss_growth_bytes": peak, "median_seconds": median_seconds(case),
                "bytes_moved": workloads.bytes_moved(case.inputs),
                "max_ulp_error": max_ulp_error(case.impl, case.workload, case.dtype, case.device)}
   except Exception:  # pylint: disable=broad-except
@@ -284,16 +349,17 @@ def roofline_ratio(run: Run, figures: dict[str, Any], *point: str) -> float:
 
 
 def peak_rss(run: Run, figures: dict[str, Any], *point: str) -> float:
-  """Peak memory of the point's speed process: from ``figures``, else of this process after
-  loading the point and one call, as a ``peakmem_`` benchmark of its own would read it."""
-  if "peak_rss_bytes" in figures:
-    peak = figures["peak_rss_bytes"]
+  """Peak memory of the point's speed process above its RSS once the implementation was
+  imported: from ``figures``, else of this process after loading the point and one call."""
+  if "peak_rss_growth_bytes" in figures:
+    peak = figures["peak_rss_growth_bytes"]
   else:
     case = load(*point, run_dir=_run_dir(run))
     case.runner(case.fresh())
-    peak = peak_rss_bytes()
+    peak = peak_rss_growth_bytes(case.rss_after_import)
   if peak is None:
-    raise SkipNotImplemented("no peak memory here: Python has no resource module")
+    raise SkipNotImplemented("no peak memory here: resetting the peak RSS needs Linux's "
+                             "/proc/self/clear_refs")
   return float(peak)
 
 

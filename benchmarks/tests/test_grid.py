@@ -112,13 +112,15 @@ def test_asv_leaves_out_classes_without_points() -> None:
 # What one asv run of the default grid may cost (issue 34): `asv check` plus `asv run
 # --python=same --quick` within 10 minutes on 2 cores, from empty compilation caches (the
 # measured run: README.md, Tracking across commits with asv). asv forks one process per point
-# and metric; those of a speed class load, compile and time the point, which is what a run
-# costs; the others read what it recorded. New metrics come out of this budget.
+# and metric from a server that imported the frameworks; those of a speed class load, compile
+# and time the point, which is what a run costs; the others read what it recorded, and cost a
+# fork. New metrics come out of this budget.
 MAX_POINTS_PER_CLASS = 32
 # CUDA: the GPU-sized workloads (W7, W8) add a point per tracked implementation of their
-# family; a machine without a GPU skips every CUDA point statically (no framework loaded).
-MAX_FRAMEWORK_PROCESSES = {"cpu": 100, "cuda": 64}
-MAX_PROCESSES = 660  # the CUDA points of W7/W8 included: a static skip costs milliseconds
+# family; a machine without a GPU skips every CUDA point statically (nothing loaded).
+MAX_LOADING_PROCESSES = {"cpu": 100, "cuda": 64}
+MAX_PROCESSES = 660  # the CUDA points of W7/W8 included: a static skip costs a fork
+
 
 _ASV_PREFIXES = ("time_", "timeraw_", "mem_", "peakmem_", "track_")
 
@@ -129,12 +131,12 @@ def _metrics(cls: type) -> list[str]:
 
 
 def asv_run_size() -> tuple[dict[str, int], dict[str, int], int]:
-  """Points per class, processes that load a framework per device, and all processes of one
+  """Points per class, processes that load a point per device, and all processes of one
   ``asv run`` of this environment's grid, counted from the grid (asv is not run)."""
   speed_metrics = len(_metrics(bench_clipping.SPEED_CLASSES[0]))
   track_metrics = len(_metrics(bench_clipping.TRACK_CLASSES[0]))
   points_per_class: dict[str, int] = {}
-  framework = dict.fromkeys(grid.DEVICES, 0)
+  loading_processes = dict.fromkeys(grid.DEVICES, 0)
   processes = 1 + len(_metrics(bench_clipping.Machine))  # setup_cache and the machine's own
   for name, family, device, _ in bench_clipping.CLASSES:
     impls, names, dtypes, _ = grid.params(family, device)
@@ -144,20 +146,30 @@ def asv_run_size() -> tuple[dict[str, int], dict[str, int], int]:
     # A point skipped for a static reason loads nothing; the Track processes read the figures
     # its speed process recorded (test_benchmarks_smoke.test_asv_classes_run_once).
     loading = [p for p in points if grid.static_skip_reason(*p) is None]
-    framework[device] += len(loading) * speed_metrics
-  return points_per_class, framework, processes
+    loading_processes[device] += len(loading) * speed_metrics
+  return points_per_class, loading_processes, processes
+
+
+def unpreloaded_frameworks() -> set[str]:
+  """Frameworks of this run's implementations that asv's forkserver does not import: each of
+  their processes pays for the import (numpy's implementations import numba, preloaded)."""
+  chosen = set(grid.asv_impls())
+  frameworks = {e.framework for e in grid.timed_entries() if e.name in chosen}
+  return frameworks - {"numpy"} - set(grid_point.PRELOADED_MODULES)
 
 
 def test_default_asv_grid_fits_a_ci_job(default_asv_env: pytest.MonkeyPatch) -> None:
-  points_per_class, framework, processes = asv_run_size()
+  points_per_class, loading, processes = asv_run_size()
   assert max(points_per_class.values()) <= MAX_POINTS_PER_CLASS, points_per_class
-  assert all(framework[d] <= MAX_FRAMEWORK_PROCESSES[d] for d in grid.DEVICES), framework
+  assert all(loading[d] <= MAX_LOADING_PROCESSES[d] for d in grid.DEVICES), loading
   assert processes <= MAX_PROCESSES
+  assert unpreloaded_frameworks() == set()
   # The whole field is far beyond it: the budget is what keeps a new library out by default.
   default_asv_env.setenv(grid.IMPLS_ENV, "all")
-  points_per_class, framework, processes = asv_run_size()
+  points_per_class, loading, processes = asv_run_size()
   assert max(points_per_class.values()) > MAX_POINTS_PER_CLASS
-  assert framework["cpu"] > MAX_FRAMEWORK_PROCESSES["cpu"] and processes > MAX_PROCESSES
+  assert loading["cpu"] > MAX_LOADING_PROCESSES["cpu"] and processes > MAX_PROCESSES
+  assert "tensorflow" in unpreloaded_frameworks()
 
 
 def _declared(name: str) -> Any:
