@@ -39,14 +39,14 @@ the global and per-system paths, eager, compiled and the Triton kernels all agre
 
 * float16/bfloat16/float32 leaves (norm dtype float32): squares and |x| are exact in float64,
   and any float64 summation tree of m nonnegative terms is within ``gamma_m = m u / (1 - m u)``
-  (u = 2**-53) of the exact sum, so a bound needs only the depth. The one-system path sums
-  cache-sized chunks (one ``vector_norm`` each) and combines them with ``math.fsum``:
-  ``gamma_32770``, about 2**-37, against decision grids of 2**-24..2**-26.
+  (u = 2**-53) of the exact sum, so a bound needs only the depth: the largest leaf's element
+  count for one system (one float64 ``_foreach_norm`` per leaf), the system's count per
+  system; about 2**-32 for W1's leaves against decision grids of 2**-24..2**-26.
 * float64 leaves (norm dtype float64, ~2**-60 needed): a per-system power-of-two scaling (no
   overflow, no underflow), an exact split ``y = yh + yl`` (26-bit ``yh``), and error-free
   extraction (Rump, Ogita, Oishi: ``q = (t + sigma) - sigma`` with a per-system power of two
   ``sigma``): the large parts sum exactly in any order, only tiny remainders round. Decisions
-  are made in double-double (numpy), vectorized over systems.
+  are made in double-double, vectorized over systems, on the device.
 * p = +-inf: exact maxima/minima. General p: per-system power-of-two scaling by the largest
   magnitude, ``pow`` with a per-term error bound, the same certification (float64 leaves with
   a non-integer p always take the exact path).
@@ -57,11 +57,18 @@ the global and per-system paths, eager, compiled and the Triton kernels all agre
 Non-finite input (rule 7): "propagate" gives the system norm NaN (any NaN) else +inf and an
 all-NaN output; "zero" replaces non-finite elements by +0.0 before anything else.
 
+On a GPU a call is a fixed set of operators whatever its leaves and systems, and one host
+transfer: the passes leave per-system tensors on the device, the decisions are tensor
+operations there (``certified``), and the host reads, once, what it must see (``host_read``:
+the argument checks that need device values, the count of open systems, which output
+branches are needed); only a near-tie makes it read more.
+
 Modules, in the order a call runs through them: ``arguments`` (adapters over the shared
 checks), ``layout`` (leaves as row matrices), ``eager_passes`` / ``compiled_passes`` (the
-per-element passes), ``measure`` (certified bounds), ``certified`` and ``decisions`` (the
-per-system decisions), ``oracles`` and ``formats`` (the exact path), ``apply`` (the outputs),
-``api`` (the canonical functions). Why the passes are chunked, and what was measured, is in
+per-element passes), ``measure`` (certified bounds), ``floats`` and ``certified`` (the
+decisions as tensor operations), ``host_read`` and ``decisions`` (the one host read, the plan,
+the exact path), ``oracles`` and ``formats`` (the exact path's arithmetic), ``apply`` (the
+outputs), ``api`` (the canonical functions). What was counted and measured is in
 ``docs/gpu.md``.
 """
 

@@ -2,36 +2,34 @@
 
 CUDA tensors run compiled Triton kernels; with ``TRITON_INTERPRET=1`` set before triton is
 first imported, the same kernels run on CPU tensors in Triton's interpreter (that is how CI
-tests them: no GPU here). The numerics and the host-side decisions are those of
-:mod:`clipbench.impls.own.torch` (see its docstring): the kernels compute per-system power
-sums, maxima and step norms with rigorous error bounds, the host takes each decision from the
-certified interval or, for near-ties, from an exact recomputation of that system alone, and a
-last kernel writes the outputs. ``kernels`` holds the Triton programs, ``passes`` their
-launches.
+tests them; ``ahead_of_time`` compiles them for sm_90 without a GPU). The numerics are those
+of :mod:`clipbench.impls.own.torch` (see its docstring): the measure kernels compute per-system
+power sums, maxima and step norms with rigorous error bounds, one decision kernel takes every
+system's decisions from its certified interval (the torch package's tensor operations,
+statement for statement), the host reads the call's summary once and recomputes near-ties
+exactly, and an apply kernel writes the outputs.
 
-Determinism and batch invariance on hardware
---------------------------------------------
-* No atomics. Rows are visited in the order of a stable sort by system (none is needed when
-  the segments are already sorted: the contiguous fast path). The rows of each system are cut
-  into *work items* of a fixed number of rows, aligned to the system's own first row; one
-  program reduces one item with fixed ``BLOCK`` sizes that depend only on the leaf's row
-  width, and a second kernel, one program per system, adds its items' partial results in item
-  order. No split reductions, no atomics, no batch-dependent launch configuration: a system's
-  partial sums are computed by the same instructions in the same order whatever the other
-  systems are, so the kernels are run-to-run deterministic and batch-invariant by themselves
-  (as ``batch_invariant_ops`` does for matmul rows).
-* On top of that, every output bit is a function of the exact values of the system's elements
-  (the canonical definitions in :mod:`clipbench.impls.own.torch`): a different summation order
-  could only change which systems take the exact path, never a result bit. So the Triton
-  results equal the eager torch results bit for bit, which is what the CPU tests check.
-* Fused multiply-add contraction (on by default in Triton) is harmless here: squares of
-  <= 32-bit values are exact in float64, and the error-free extraction ``(t + s) - s`` only
-  ever contracts with an exact product.
+A call is a fixed number of launches, whatever its leaves and systems: one per pass and dtype
+group over a table of leaf addresses (``tables``), one decision launch, one apply launch per
+dtype, and one operator zeroing the call's scratch buffer (``scratch``). ``kernels`` holds the
+measure and apply programs, ``decision_kernel`` the decisions, ``passes`` the launches.
 
-What was verified where: every kernel ran under ``TRITON_INTERPRET=1`` on CPU (conformance
-suite and bit-for-bit comparisons with the eager implementation), and compiled on one NVIDIA
-H200 (Triton 3.6.0, 2026-11-26) through the conformance suite's rules 3, 8 and 14 and, before a
-proxy fix, the whole suite with no failure of its own (``docs/gpu.md``, section 8).
+Determinism and batch invariance
+--------------------------------
+Per system, a program reduces each tile of its work item with a segmented scan over runs of
+equal system ids and adds each run's total into its system atomically; one system's item
+partials are added in item order. Atomic float64 adds land in a run-dependent order, but the
+sums stay within their certified bounds in any order (the extracted float64 pieces are exact
+in any order, maxima order-free), and every output bit is a function of the exact values of
+the system's elements (the canonical definitions), so the outputs are run-to-run
+deterministic and batch-invariant all the same: the Triton results equal the eager torch
+results bit for bit, which the CPU tests check. Every kernel is launched with
+``enable_fp_fusion=False``: no multiply-add is contracted (the double-double products need
+that), as in the interpreter.
+
+What was verified where: the whole conformance suite on the CPU under the interpreter, and on
+one NVIDIA H200 (Triton 3.6.0, 2026-11-27: 430 pass, 0 fail, after a fix of the scan that only
+the GPU showed; ``docs/gpu.md``, section 10).
 
 General p uses ``exp2(p * log2(y))`` (the interpreter has no ``pow``); its error is bounded
 per term (``POW_REL_ERR``, ``POW_ABS_ERR``) and the same certification applies.
@@ -56,7 +54,8 @@ def _availability() -> tuple[bool, str]:
 
 available, unavailable_reason = _availability()
 implementation = TorchClipping(
-    TritonKernels(), "Triton kernels: one program per (system, fixed-size row chunk), no atomics",
+    TritonKernels(), "Triton kernels: one launch per pass over a table of leaf addresses, "
+    "decisions in one kernel",
     devices=(("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if INTERPRET else ()),
     cpu_kernels=False)  # on the CPU it is Triton's interpreter, run for the tests
 implementation.available = available

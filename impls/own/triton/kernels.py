@@ -88,6 +88,15 @@ if triton is not None:
             tl.where(cut, c2, c1 + c2), tl.where(cut, d2, d1 + d2))
 
   @triton.jit
+  def _work_item(table, DTYPE: tl.constexpr):
+    """This program's table row: the leaf (a typed pointer), its ids, its first unit, how many
+    units, units per row, and the row itself."""
+    row = table + tl.program_id(0) * NCOL
+    return (tl.load(row).to(tl.pointer_type(DTYPE), bitcast=True),
+            tl.load(row + 1).to(tl.pointer_type(tl.int64), bitcast=True),
+            tl.load(row + 2), tl.load(row + 3), tl.load(row + 4), row)
+
+  @triton.jit
   def _load_f64(ptrs, mask):
     # No `other=` constant: the interpreter cannot build bfloat16 constants.
     return tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float64), 0.0)
@@ -119,11 +128,7 @@ if triton is not None:
     hold an element of this (float16/bfloat16/float32) group.
     """
     pid = tl.program_id(0)
-    row = table + pid * NCOL
-    x = tl.load(row).to(tl.pointer_type(DTYPE), bitcast=True)
-    start = tl.load(row + 2)
-    count = tl.load(row + 3)
-    per_row = tl.load(row + 4)
+    x, ids, start, count, per_row, row = _work_item(table, DTYPE)
     leaf = tl.load(row + 5)
     unit = tl.load(row + 6)
     f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
@@ -142,7 +147,6 @@ if triton is not None:
       m = u < count
       units = start + u
       if PER_SYSTEM:
-        ids = tl.load(row + 1).to(tl.pointer_type(tl.int64), bitcast=True)
         raw = tl.load(ids + units // per_row, mask=m, other=0)
         valid = m & (raw >= 0) & (raw < K)
         below = tl.maximum(below, tl.where(m & (raw < 0), -raw, 0))
@@ -271,12 +275,7 @@ if triton is not None:
     ``rn64`` does (elsewhere the host rewrites those rows exactly), float16/bfloat16 always
     toward zero (x*s is exact in float64 for them).
     """
-    pid = tl.program_id(0)
-    row = table + pid * NCOL
-    x = tl.load(row).to(tl.pointer_type(DTYPE), bitcast=True)
-    start = tl.load(row + 2)
-    count = tl.load(row + 3)
-    per_row = tl.load(row + 4)
+    x, ids, start, count, per_row, row = _work_item(table, DTYPE)
     y_out = out + tl.load(row + 7)
     f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
     lanes = tl.arange(0, BLOCK)
@@ -285,7 +284,6 @@ if triton is not None:
       m = u < count
       units = start + u
       if PER_SYSTEM:
-        ids = tl.load(row + 1).to(tl.pointer_type(tl.int64), bitcast=True)
         k = tl.load(ids + units // per_row, mask=m, other=0)
       else:
         k = tl.zeros([BLOCK], dtype=tl.int64)
