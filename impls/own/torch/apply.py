@@ -119,7 +119,7 @@ def apply_leaf(leaf: Leaf, plan: Plan, select=select_rows) -> torch.Tensor:
     return select(m, action, gather(plan.scale.to(dtype), seg).unsqueeze(1)).reshape(x.shape)
   s64 = gather(plan.scale, seg).unsqueeze(1)
   if dtype == torch.float64:
-    scaled = _with_host_rows(m, seg, m * s64, plan)
+    scaled = with_host_rows(m, seg, m * s64, plan)
   else:
     scaled = scale_toward_zero(m, s64)
     if dtype == torch.float32:  # some systems round toward zero, the others to nearest
@@ -129,9 +129,10 @@ def apply_leaf(leaf: Leaf, plan: Plan, select=select_rows) -> torch.Tensor:
   return out.reshape(x.shape)
 
 
-def _with_host_rows(m: torch.Tensor, seg: torch.Tensor, scaled: torch.Tensor,
-                    plan: Plan) -> torch.Tensor:
-  """float64 rows of the systems whose factor leaves no room: computed exactly on the host."""
+def with_host_rows(m: torch.Tensor, seg: torch.Tensor, scaled: torch.Tensor,
+                   plan: Plan) -> torch.Tensor:
+  """``scaled`` with the float64 rows of the systems whose factor leaves no room rewritten:
+  ``m``'s rows times the exact factor, rounded toward zero on the host."""
   for k, s in plan.host_scale.items():
     if plan.action[k].item() != SCALE or plan.rn64[k].item():
       continue

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from clipbench.impls.own.torch import decisions
-from clipbench.impls.own.torch.apply import host_scale_toward_zero
+from clipbench.impls.own.torch.apply import host_scale_toward_zero, with_host_rows
 from clipbench.impls.own.torch.arguments import Threshold
 from clipbench.impls.own.torch.certified import Pieces
 from clipbench.impls.own.torch.decisions import Plan, Single
@@ -269,14 +269,7 @@ class TritonKernels(EagerKernels):
         values = host_scale_toward_zero(leaf.x.detach().cpu().numpy(), plan.host_scale[0])
         out[i].copy_(torch.as_tensor(values, device=leaf.x.device).view(leaf.x.shape))
         continue
-      m = out[i].view(leaf.rows, leaf.width)
-      for k, s in plan.host_scale.items():
-        if plan.action[k].item() != 1 or plan.rn64[k].item():
-          continue
-        rows = torch.nonzero(leaf.seg == k).squeeze(1)
-        if rows.numel():
-          values = host_scale_toward_zero(leaf.matrix()[rows].cpu().numpy(), s)
-          m[rows] = torch.as_tensor(values, device=m.device)
+      with_host_rows(leaf.matrix(), leaf.seg, out[i].view(leaf.rows, leaf.width), plan)
 
 
 def _has_elements(batch: Batch) -> bool:
