@@ -46,7 +46,7 @@ def _fused(leaves, segments, num_systems, step, sums=None):
 def _general_sums(leaves, segments, num_systems, step):
   """The general route's per-system sums (of squares, or largest vector sums)."""
   segs = checked_segments(leaves, segments, num_systems)
-  prep = Prepared(list(leaves), leaf_layout(leaves), segs)
+  prep = general.LocalBlocks(Prepared(list(leaves), leaf_layout(leaves), segs))
   stats = (general.step_stats(prep, False, False) if step else
            general.global_stats(prep, 2.0, False, False))
   return stats["s_hi"]

@@ -4,6 +4,11 @@ Per call: the norm passes over every block (power sums, extremes, scaled double-
 or max-step maxima) on the thread pool, the per-system combine in block order, the compiled
 finalize, the exact decision of near-ties on the host, and the apply pass. The fused route
 (:mod:`~clipbench.impls.own.numba.fused`) hands every call it does not take to ``run``.
+
+The norm passes reach the blocks through a *block source*: :class:`LocalBlocks` reads every
+block from this process's leaves; :class:`~clipbench.impls.own.numba.sharded.ShardedBlocks`
+reads the blocks its shard holds and receives the others' results from the other ranks, so
+that a sharded call folds the same block results in the same order (SPEC rule 14).
 """
 
 from __future__ import annotations
@@ -33,19 +38,41 @@ from clipbench.impls.own.numba.segments import CheckedSegments
 from clipbench.impls.own.numba.ties import tie_is_kept
 
 
-def _extreme(prep: Prepared, want_min: bool, zero_mode: bool):
+class LocalBlocks:
+  """Every block read from this process's leaves (the unsharded call)."""
+
+  def __init__(self, prep: Prepared):
+    self.prep = prep
+    self.num_systems = prep.num_systems
+    self.vecs = prep.layout.vecs
+
+  def blocks(self, by_vectors: bool):
+    """The blocks of every run, in the order their results are folded."""
+    return self.prep.blocks(by_vectors)
+
+  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any) -> None:
+    """``kernel`` over every block, writing each block's results into ``outputs``."""
+    blocks = self.prep.blocks(by_vectors)
+    threads.parallel(kernel, blocks.length, *outputs, self.prep.norm_inputs, blocks, *args)
+
+  def ties_kept(self, systems: list[int], c: np.ndarray, p: float, step: bool) -> list[bool]:
+    """The exact decisions of near-ties: is each system's norm at or below its threshold?"""
+    return [tie_is_kept(self.prep.system_vectors(k) if step else self.prep.system_values(k),
+                        float(c[k]), p, step) for k in systems]
+
+
+def _extreme(prep, want_min: bool, zero_mode: bool):
   """Per-system max |x| (or min) and non-finite flags."""
   blocks = prep.blocks(False)
   part = np.empty(blocks.leaf.size)
   flags = np.zeros(blocks.leaf.size, dtype=np.int8)
-  threads.parallel(extreme_blocks, blocks.length, part, flags, prep.norm_inputs, blocks,
-                   want_min, zero_mode)
+  prep.run(extreme_blocks, (part, flags), False, want_min, zero_mode)
   s = prep.num_systems
   return (combine_extreme(blocks.system, part, s, want_min),
           combine_flags(blocks.system, flags, s))
 
 
-def global_stats(prep: Prepared, p: float, zero_mode: bool, f64_mode: bool) -> dict[str, Any]:
+def global_stats(prep, p: float, zero_mode: bool, f64_mode: bool) -> dict[str, Any]:
   """Per-system finalize inputs for the p-norm (rule 1)."""
   s = prep.num_systems
   blocks = prep.blocks(False)
@@ -61,8 +88,7 @@ def global_stats(prep: Prepared, p: float, zero_mode: bool, f64_mode: bool) -> d
   if not f64_mode and p <= 6.0:
     part = np.empty(blocks.leaf.size)
     flags = np.zeros(blocks.leaf.size, dtype=np.int8)
-    threads.parallel(power_sum_kernel(kind, ip), blocks.length, part, flags, prep.norm_inputs,
-                     blocks, power, zero_mode)
+    prep.run(power_sum_kernel(kind, ip), (part, flags), False, power, zero_mode)
     tot = combine_sum(blocks.system, part, s)
     flags = combine_flags(blocks.system, flags, s)
     rel = decision.sum_rel_err(count, term_rel_err(p, kind))
@@ -86,26 +112,24 @@ def global_stats(prep: Prepared, p: float, zero_mode: bool, f64_mode: bool) -> d
         2.0 ** -100 * p if kind == INT else shared.DD_POW_REL_ERR) + 2.0 ** -400
   hi = np.empty(blocks.leaf.size)
   lo = np.empty(blocks.leaf.size)
-  threads.parallel(scaled_sum_blocks, blocks.length, hi, lo, prep.norm_inputs, blocks,
-                   Scaling(inv, inv2, divide), power)
+  prep.run(scaled_sum_blocks, (hi, lo), False, Scaling(inv, inv2, divide), power)
   tot_hi, tot_lo = combine_dd(blocks.system, hi, lo, s)
   rel = decision.sum_rel_err(count, term_err, dd=True)
   return dict(s_hi=tot_hi, s_lo=tot_lo, sc_m=sc_m, sc_e=sc_e, rel_err=rel, zero=zero,
               flags=flags)
 
 
-def step_stats(prep: Prepared, zero_mode: bool, f64_mode: bool) -> dict[str, Any]:
+def step_stats(prep, zero_mode: bool, f64_mode: bool) -> dict[str, Any]:
   """Per-system finalize inputs for the step norm (rule 2): the largest vector's squares."""
   s = prep.num_systems
   blocks = prep.blocks(True)
   m = blocks.leaf.size
   maxima = StepMaxima(np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(m),
                       np.zeros(m, dtype=np.int8))
-  threads.parallel(step_blocks, blocks.length, maxima, prep.norm_inputs, blocks, zero_mode,
-                   f64_mode)
+  prep.run(step_blocks, (maxima,), True, zero_mode, f64_mode)
   k, hi, lo = combine_step(blocks.system, maxima.k, maxima.hi, maxima.lo, s)
   flags = combine_flags(blocks.system, maxima.flags, s)
-  vecs = prep.layout.vecs
+  vecs = prep.vecs
   d = float(vecs.max()) if vecs.size else 1.0
   rel = decision.sum_rel_err(np.full(s, d), 0.0, dd=f64_mode)
   return dict(s_hi=hi, s_lo=lo, sc_m=np.full(s, 0.5), sc_e=(k + 1).astype(np.int32),
@@ -115,12 +139,20 @@ def step_stats(prep: Prepared, zero_mode: bool, f64_mode: bool) -> dict[str, Any
 def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any, segments: CheckedSegments,
         p: float, nonfinite: str, step: bool = False):
   """One call of validated arguments: (output leaves, per-system norms)."""
-  num_systems = segments.num_systems
   prep = Prepared(leaves, layout, segments)
+  decisions, norms = decide(LocalBlocks(prep), layout, threshold, p, nonfinite, step)
+  return apply(prep, decisions), norms
+
+
+def decide(source, layout: LeafLayout, threshold: Any, p: float, nonfinite: str,
+           step: bool = False) -> tuple[Decisions, np.ndarray]:
+  """Per-system decisions and norms from the blocks of ``source`` (a block source, above);
+  ``layout`` describes the whole leaves (their dtypes decide the precision)."""
+  num_systems = source.num_systems
   f64_mode = bool(np.any(layout.codes == F64))
   zero_mode = nonfinite == "zero"
-  st = step_stats(prep, zero_mode, f64_mode) if step else global_stats(
-      prep, p, zero_mode, f64_mode)
+  st = step_stats(source, zero_mode, f64_mode) if step else global_stats(
+      source, p, zero_mode, f64_mode)
   flags = st["flags"]
   nan = (flags & 1) != 0
   inf = ((flags & 2) != 0) & ~nan
@@ -140,19 +172,18 @@ def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any, segments: 
   norm_v, action, s_m, s_e, tie = finalize_systems(
       sums, Threshold(c_m, c_e.astype(np.int64), c_inf.astype(np.bool_)),
       2.0 if step else float(p), f64_mode)
-  for k in np.flatnonzero(tie).tolist():
-    vectors = prep.system_vectors(k) if step else prep.system_values(k)
-    if tie_is_kept(vectors, float(c[k]), p, step):
+  tied = np.flatnonzero(tie).tolist()
+  for k, kept in zip(tied, source.ties_kept(tied, c, p, step)):
+    if kept:
       action[k] = decision.KEEP
   norm_dtype = np.float64 if f64_mode else np.float32
   norms = decision.compose_norm(norm_v, sc_e, st["zero"], nan, inf, norm_dtype)
   with np.errstate(all="ignore"):
     s_val = np.ldexp(s_m, s_e)
-  decisions = Decisions(action, s_m, s_e.astype(np.int64), s_val, zero_sys, f64_mode)
-  return _apply(prep, decisions), norms
+  return Decisions(action, s_m, s_e.astype(np.int64), s_val, zero_sys, f64_mode), norms
 
 
-def _apply(prep: Prepared, decisions: Decisions) -> list[np.ndarray]:
+def apply(prep: Prepared, decisions: Decisions) -> list[np.ndarray]:
   """The apply pass: blocks of leaves read in place, rows of leaves with unsorted ids."""
   outs, out_addrs = prep.new_outputs()
   if not outs:

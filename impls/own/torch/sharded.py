@@ -1,27 +1,32 @@
 """Sharded leaves (``torch.distributed.tensor.DTensor``): SPEC rule 14, same bits on many ranks.
 
 A call whose leaves are DTensors gives, on every rank, the output bits and the norm bits of
-the same call on the unsharded leaves. The own implementations get there by *gathering*: each
-DTensor leaf (and each DTensor segment-id or threshold tensor) is made whole on its own mesh
-(``Shard(0)`` leaves of a 1-D mesh all in one all-gather of their bytes, ``Replicate`` ones
-as they are, anything else by ``full_tensor()``), the unsharded call runs on the whole leaves,
-and each output goes back to its input's mesh and placements.
+the same call on the unsharded leaves.
 
-Why gathering. Every decision of the unsharded call is a function of the exact values of a
-system's elements, so a rank that holds all of them reaches it with no reduction across ranks
-at all: nothing is summed across shards, so there is no order to fix, and the result is exact
-by construction for every layout (rows split evenly or unevenly, a rank holding no rows,
-replicated leaves, systems straddling shard boundaries, leaves on different meshes). The cost
-is one all-gather of the leaves per mesh (each element crosses the network once per receiving
-rank) and the unsharded call's compute repeated on every rank; going back to the input
-placements is a local slice (``Replicate -> Shard`` needs no communication).
+CPU leaves (gloo), the numba route: partials, not leaves. Each rank reads only its own rows.
+The unsharded bits come from the numba kernels' blocks (each system's run of rows cut into
+blocks of 8,192 elements, each block reduced by one compiled function, the results folded in
+block order), so the ranks exchange *block results*, and every rank folds them in the
+unsharded order (:mod:`clipbench.impls.own.numba.sharded`): a block wholly on one rank is
+reduced there; a block that straddles a boundary travels as its raw pieces (at most one per
+run per boundary) and is reduced by every rank; near-ties are settled from exact per-rank
+partials. A call makes two all-gathers (three when the kernels take a first pass for the
+maxima: float64 leaves, p > 6): the rows and per-system row counts of every rank, then the
+block results; each rank scales its own rows, and outputs keep their placements.
 
-The alternative, cheaper in bandwidth for large leaves, is to reduce *exact partial sums*:
-each rank computes its shard's per-system power sums as exact integers (the int64 limb sums per
-(system, exponent) bucket of ``oracles.exact_power_sums``) or maxima, all-reduces them (integer
-addition and max are associative, so any reduction order gives the same bits), and takes the
-decisions from the exact totals. That needs the certified fast path rebuilt around a
-collective, for a gain only where the leaves dwarf the network; it is not done here.
+Which leaves take which way (decided from metadata, so every rank takes the same):
+
+* ``Shard(0)`` on a 1-D mesh: the rank's rows, as above;
+* ``Replicate()`` on any mesh: whole on every rank, reduced by every rank, nothing sent;
+* anything else (``Shard(1)``, a 2-D mesh, ``Partial``): gathered with ``full_tensor()`` and
+  then treated as replicated; this moves that leaf whole, the only gather on this route.
+
+A whole call gathers (every DTensor leaf, segment and threshold made whole, the unsharded call
+run on every rank, each output cut back to its placements) when no exchange of partials is
+possible: leaves on the GPU (the CUDA route's certified intervals could be all-reduced, which
+is not built), leaves whose meshes span different ranks, a ``Shard(0)`` leaf whose ranks'
+rows are not the contiguous chunks DTensor describes, or an argument some rank finds invalid
+(then every rank raises the unsharded call's error).
 
 What comes back:
 
@@ -36,15 +41,21 @@ Decisions on what is refused:
   held by every rank, and the two readings give different calls; it is a ``TypeError`` naming
   the leaf (wrap it with ``DTensor.from_local(x, mesh, [Replicate()])`` to say which).
 * Leaves on different meshes are accepted (pytorch/pytorch#180346: torch's own norm fails to
-  stack them): each is gathered on its own mesh. Every mesh must include this rank, since a
-  rank outside a mesh cannot take part in its gather (``ValueError`` naming the leaf).
-* Segment ids may be DTensors (gathered like leaves) or plain tensors/arrays describing the
-  *whole* leaf's rows, the same on every rank.
+  stack them). Every mesh must include this rank, since a rank outside a mesh cannot take part
+  in its collectives (``ValueError`` naming the leaf).
+* Segment ids may be DTensors (placed like their leaf, or gathered) or plain tensors/arrays
+  describing the *whole* leaf's rows, the same on every rank.
+
+Every byte a rank hands to a collective of a call is counted in :data:`TRAFFIC` (the
+benchmarks' and tests' exact measure of what a call sends).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from clipbench.impls.own.torch import sharded_partials as partials
+from clipbench.impls.own.torch.sharded_partials import TRAFFIC, full_tensor, like_input
 
 
 def has_dtensor(leaves: Any) -> bool:
@@ -93,6 +104,7 @@ def _gather_rows(values: list[Any]) -> list[Any]:
   for t, start in zip(local, starts[me].tolist()):
     buffer[start:start + t.numel()] = t
   gathered = [torch.empty_like(buffer) for _ in range(mesh.size())]
+  TRAFFIC.bytes_sent += buffer.numel() + sizes.numel() * 8
   dist.all_gather(gathered, buffer, group=group)
   # all_gather fills in group-rank order; the rows go in mesh-coordinate order.
   group_ranks = dist.get_process_group_ranks(group)
@@ -127,7 +139,7 @@ def _whole_all(named: dict[str, Any]) -> dict[str, Any]:
     elif _row_split(value):
       by_mesh.setdefault(id(value.device_mesh), []).append(name)
     else:
-      whole[name] = value.full_tensor()
+      whole[name] = full_tensor(value)
   # Every rank meets the meshes in the same order (the order of the arguments).
   for names in by_mesh.values():
     whole.update(zip(names, _gather_rows([named[n] for n in names])))
@@ -146,20 +158,6 @@ def _check_mixed(leaves: Any) -> None:
           "DTensor, e.g. DTensor.from_local(x, mesh, [Replicate()])")
 
 
-def _like_input(output: Any, leaf: Any) -> Any:
-  """``output`` (whole, the same on every rank) as a DTensor with ``leaf``'s mesh and placements.
-
-  ``from_local`` with ``Replicate`` states a fact (every rank holds the same whole value),
-  checked by nothing (``run_check=False``); ``redistribute`` to ``Shard`` then keeps this
-  rank's chunk, a local slice with no communication.
-  """
-  from torch.distributed.tensor import DTensor, Replicate  # pylint: disable=import-outside-toplevel
-  mesh = leaf.device_mesh
-  placements = [Replicate() if p.is_partial() else p for p in leaf.placements]
-  replicated = DTensor.from_local(output, mesh, [Replicate()] * mesh.ndim, run_check=False)
-  return replicated.redistribute(mesh, placements)
-
-
 def clip_sharded(clipping: Any, leaves: Any, call: Any):
   """(outputs, norms) of ``call`` on DTensor leaves, bit for bit the unsharded call's.
 
@@ -169,6 +167,50 @@ def clip_sharded(clipping: Any, leaves: Any, call: Any):
   rank.
   """
   _check_mixed(leaves)
+  TRAFFIC.calls += 1
+  ways = _partial_ways(clipping, leaves, call)
+  if ways is not None:
+    done = partials.clip(leaves, call, ways)
+    if done is not None:
+      return done
+  TRAFFIC.gathered_calls += 1
+  return _clip_gathering(clipping, leaves, call)
+
+
+def _partial_ways(clipping: Any, leaves: Any, call: Any) -> list[str] | None:
+  """Per leaf ``"rows"``, ``"replicated"`` or ``"gathered"`` when the call can exchange
+  partials (from metadata only: every rank decides alike), else None."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
+  if not (clipping.cpu_kernels and isinstance(leaves, (list, tuple)) and leaves):
+    return None
+  floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+  if not all(isinstance(x, DTensor) and x.device_mesh.device_type == "cpu" and x.dtype in floats
+             for x in leaves):
+    return None
+  for i, x in enumerate(leaves):
+    _check_mesh(x, f"leaves[{i}]")
+  segments = call.segments
+  if segments is not None and not (isinstance(segments, (list, tuple))
+                                   and len(segments) == len(leaves)):
+    return None
+  ways = []
+  for x in leaves:
+    if all(p.is_replicate() for p in x.placements):
+      ways.append("replicated")
+    elif _row_split(x):
+      ways.append("rows")
+    else:
+      ways.append("gathered")
+  meshes = {id(x.device_mesh): x.device_mesh for x, w in zip(leaves, ways) if w == "rows"}
+  members = {tuple(sorted(m.mesh.reshape(-1).tolist())) for m in meshes.values()}
+  if len(members) > 1:
+    return None
+  return ways
+
+
+def _clip_gathering(clipping: Any, leaves: Any, call: Any):
+  """The unsharded call on every rank, on leaves made whole."""
   # Anything not a tensor (a list, None) is left to the unsharded call's checks and messages.
   named = {f"leaves[{i}]": x for i, x in enumerate(leaves)}
   segments = call.segments
@@ -181,4 +223,5 @@ def clip_sharded(clipping: Any, leaves: Any, call: Any):
   whole_call = call._replace(segments=segments, threshold=whole[call.threshold_name])
   outputs, norms = clipping._run(  # pylint: disable=protected-access
       [whole[f"leaves[{i}]"] for i in range(len(leaves))], whole_call)
-  return [_like_input(out, leaf) for out, leaf in zip(outputs, leaves)], norms
+  return [like_input(out, leaf) for out, leaf in zip(outputs, leaves)], norms
+

@@ -1,0 +1,228 @@
+"""The partials way of a sharded call on CPU DTensors: each rank clips its own rows from block
+results exchanged over the leaves' process group (see :mod:`.sharded` for when it applies).
+
+One rank's call:
+
+1. its rows of each leaf (``to_local()``; a replicated leaf whole; a leaf of another placement
+   made whole by ``full_tensor()``), its rows' segment ids, the checks of the unsharded call
+   applied to them;
+2. one all-gather of a few integers per leaf and per (leaf, system): whether the rank's checks
+   passed, its rows' place in each leaf, its rows per system; any failed check on any rank
+   sends every rank the gathering way, whose unsharded call raises its error on every rank;
+3. the numba kernels' sharded general route (:mod:`clipbench.impls.own.numba.sharded`): block
+   results exchanged, folded in the unsharded order, each rank scaling its own rows;
+4. each output back as a DTensor with its leaf's mesh, placements, shape and stride (its
+   local rows are this rank's piece already: no communication).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from clipbench.impls.own.numba import sharded as numba_sharded
+from clipbench.impls.own.numba.decode import DTYPES
+from clipbench.impls.own.numba.layout import leaf_layout_of
+from clipbench.impls.own.numba.segments import NO_SEGMENTS, checked_segments
+from clipbench.impls.own.torch import host_route
+from clipbench.impls.own.torch.arguments import (check_leaves, check_nonfinite, check_norm_type,
+                                                 check_segments, check_threshold)
+
+_NUMPY_DTYPE = {torch.float16: DTYPES[0], torch.bfloat16: DTYPES[1], torch.float32: DTYPES[2],
+                torch.float64: DTYPES[3]}
+
+
+@dataclasses.dataclass
+class Traffic:
+  """Bytes this process handed to the collectives of sharded calls, and the calls made."""
+
+  bytes_sent: int = 0
+  calls: int = 0
+  gathered_calls: int = 0  # calls that took the gathering way
+
+  def snapshot(self) -> "Traffic":
+    return dataclasses.replace(self)
+
+
+TRAFFIC = Traffic()
+
+
+def full_tensor(value: Any) -> Any:
+  """``value.full_tensor()``, this rank's local bytes counted as sent."""
+  local = value.to_local()
+  TRAFFIC.bytes_sent += local.numel() * local.element_size()
+  return value.full_tensor()
+
+
+def like_input(output: Any, leaf: Any) -> Any:
+  """``output`` (whole, the same on every rank) as a DTensor with ``leaf``'s mesh and placements.
+
+  ``from_local`` with ``Replicate`` states a fact (every rank holds the same whole value),
+  checked by nothing (``run_check=False``); ``redistribute`` to ``Shard`` then keeps this
+  rank's chunk, a local slice with no communication.
+  """
+  from torch.distributed.tensor import DTensor, Replicate  # pylint: disable=import-outside-toplevel
+  mesh = leaf.device_mesh
+  placements = [Replicate() if p.is_partial() else p for p in leaf.placements]
+  replicated = DTensor.from_local(output, mesh, [Replicate()] * mesh.ndim, run_check=False)
+  return replicated.redistribute(mesh, placements)
+
+
+class GlooCollective:
+  """:class:`clipbench.impls.own.numba.sharded.Collective` over a process group."""
+
+  def __init__(self, group: Any):
+    self.group = group
+    self.rank = dist.get_rank(group)
+    self.size = dist.get_world_size(group)
+
+  def all_gather_bytes(self, payload: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    width = max(sizes)
+    if width == 0:  # every rank knows every size: all skip alike
+      return [np.zeros(0, np.uint8) for _ in sizes]
+    mine = torch.zeros(width, dtype=torch.uint8)
+    mine[:payload.size] = torch.from_numpy(payload)
+    every = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+    TRAFFIC.bytes_sent += width
+    dist.all_gather(every, mine, group=self.group)
+    return [t[:n].numpy() for t, n in zip(every, sizes)]
+
+  def all_gather_objects(self, value: Any) -> list[Any]:
+    every: list[Any] = [None] * self.size
+    dist.all_gather_object(every, value, group=self.group)
+    return every
+
+  def all_gather_int64(self, values: np.ndarray) -> np.ndarray:
+    """Every rank's equally long int64 vector, as rows by rank."""
+    mine = torch.from_numpy(np.ascontiguousarray(values, np.int64))
+    every = [torch.empty_like(mine) for _ in range(self.size)]
+    TRAFFIC.bytes_sent += mine.numel() * 8
+    dist.all_gather(every, mine, group=self.group)
+    return torch.stack(every).numpy()
+
+
+def _row_offset(x: Any) -> int:
+  """Where this rank's rows start in a ``Shard(0)`` leaf by DTensor's own description of its
+  chunks, or -1 when its local rows are not that chunk (``from_local`` of other sizes)."""
+  try:
+    from torch.distributed.tensor._utils import (  # pylint: disable=import-outside-toplevel
+        compute_local_shape_and_global_offset)
+  except ImportError:  # a torch without it: the ranks' rows cannot be placed
+    return -1
+  shape, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+  return int(offset[0]) if tuple(shape) == tuple(x.to_local().shape) else -1
+
+
+def _system_count(call: Any) -> int:
+  """The systems the exchanged counts describe: from the arguments alone, so that every rank
+  sends a message of one length even where its checks fail."""
+  if call.segments is None:
+    return 1
+  try:
+    count = operator.index(call.num_systems)
+  except TypeError:
+    return 1
+  return count if 0 < count < 1 << 31 else 1
+
+
+def _local_segments(leaf: Any, way: str, seg: Any, offset: int) -> Any:
+  """This rank's ids of ``leaf``'s rows it holds (a DTensor placed like the leaf keeps its
+  piece; anything else is made whole, then cut)."""
+  from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
+  if isinstance(seg, DTensor):
+    if (way == "rows" and seg.device_mesh == leaf.device_mesh
+        and tuple(seg.placements) == tuple(leaf.placements) and seg.shape[:1] == leaf.shape[:1]):
+      return seg.to_local()
+    seg = full_tensor(seg)
+  if way != "rows" or not isinstance(seg, (torch.Tensor, np.ndarray)) or seg.ndim != 1 or (
+      seg.shape[0] != leaf.shape[0]):
+    return seg  # whole (or unusable: the checks below say so)
+  return seg[offset:offset + leaf.to_local().shape[0]]
+
+
+def clip(leaves: list[Any], call: Any, ways: list[str]):
+  """(outputs, norms) by exchanged partials, or None where the call must gather instead
+  (every rank returns None alike)."""
+  from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
+  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
+  if not rows_at:
+    return None  # every leaf whole on every rank already: the unsharded call moves nothing
+  collective = GlooCollective(leaves[rows_at[0]].device_mesh.get_group(0))
+  offsets = [_row_offset(x) if w == "rows" else 0 for x, w in zip(leaves, ways)]
+  local = [x.to_local() if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
+  segments = call.segments
+  if segments is not None:
+    segments = [_local_segments(x, w, s, o)
+                for x, w, s, o in zip(leaves, ways, segments, offsets)]
+  threshold = call.threshold
+  if isinstance(threshold, DTensor):
+    threshold = full_tensor(threshold)
+  op = call.op
+  K = _system_count(call)
+  nl = len(leaves)
+  message = np.zeros(1 + 2 * nl + nl * K, dtype=np.int64)
+  try:
+    checked_leaves = check_leaves([t.detach() for t in local])
+    ids, num_systems = check_segments(checked_leaves, segments, call.num_systems)
+    checked = check_threshold(threshold, call.threshold_name,
+                              None if op == "clip_grad_norm" else num_systems)
+    p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
+    nonfinite = check_nonfinite(call.nonfinite)
+    host = [host_route.to_numpy(t) for t in checked_leaves]
+    host_ids = None if ids is None else [g.numpy() for g in ids]
+    segs = NO_SEGMENTS if ids is None else checked_segments(host, host_ids, num_systems)
+    if num_systems != K or min(offsets) < 0:
+      raise ValueError("the exchanged counts would not describe this call")
+    for i, x in enumerate(host):
+      rows = x.shape[0] if x.ndim else 1
+      message[1 + 2 * i:3 + 2 * i] = (rows, offsets[i])
+      start = 1 + 2 * nl + i * K
+      message[start:start + K] = (np.bincount(host_ids[i], minlength=K) if host_ids is not None
+                                  else rows)
+    message[0] = 1
+  except (TypeError, ValueError):
+    message[:] = 0
+  every = collective.all_gather_int64(message)
+  if not every[:, 0].all():
+    return None
+  shards = _shard_layout(leaves, ways, every, K)
+  if shards is None:
+    return None
+  layout = leaf_layout_of([tuple(x.shape) for x in leaves], [_NUMPY_DTYPE[x.dtype]
+                                                             for x in leaves])
+  outs, norms = numba_sharded.run(host, layout, checked.values, segs, shards, collective, p,
+                                  nonfinite, step=op == "clip_by_max_step")
+  outputs = []
+  for out, x, way in zip(outs, leaves, ways):
+    t = host_route.to_tensor(out)
+    if way == "gathered":
+      outputs.append(like_input(t, x))
+    else:
+      outputs.append(DTensor.from_local(t, x.device_mesh, x.placements, run_check=False,
+                                        shape=x.shape, stride=x.stride()))
+  return outputs, torch.from_numpy(np.ascontiguousarray(np.asarray(norms).reshape(-1)))
+
+
+def _shard_layout(leaves: list[Any], ways: list[str], every: np.ndarray, K: int):
+  """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of the gathered messages, or
+  None when some leaf's rows are not contiguous chunks covering it in some rank order."""
+  ranks, nl = every.shape[0], len(leaves)
+  rows = every[:, 1:1 + 2 * nl:2]
+  starts = every[:, 2:2 + 2 * nl:2]
+  counts = every[:, 1 + 2 * nl:].reshape(ranks, nl, K)
+  order = np.tile(np.arange(ranks), (nl, 1))
+  for i, (x, way) in enumerate(zip(leaves, ways)):
+    if way != "rows":
+      continue
+    order[i] = np.lexsort((rows[:, i], starts[:, i]))
+    ends = np.cumsum(rows[order[i], i])
+    if (starts[order[i], i] != ends - rows[order[i], i]).any() or ends[-1] != x.shape[0]:
+      return None
+  replicated = np.array([w != "rows" for w in ways], dtype=np.bool_)
+  return numba_sharded.ShardLayout(np.ascontiguousarray(counts), order.astype(np.int64),
+                                   replicated)

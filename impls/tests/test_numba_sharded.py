@@ -1,0 +1,260 @@
+"""The numba kernels' sharded call (``numba/sharded.py``) gives the unsharded call's bits.
+
+Ranks are threads of this process exchanging through :class:`ThreadGroup` (the same calls a
+gloo group makes, checked for the sizes every rank predicts), so every layout the blocks can
+meet is cheap to try: uneven and empty shards, blocks straddling one or several boundaries,
+sorted and unsorted ids, replicated leaves, rows in another rank order, every pass (power sums,
+extremes, scaled double-double sums in two exchanges, max-step) and near-ties. Each case is
+compared bit for bit with the public unsharded call (the fused route where it applies).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from clipbench.impls.own.numba import api, general, sharded
+from clipbench.impls.own.numba.decode import F64
+from clipbench.impls.own.numba.layout import BLOCK, Prepared, leaf_layout
+from clipbench.impls.own.numba.segments import NO_SEGMENTS, checked_segments
+
+
+class ThreadGroup:
+  """An all-gather among ``size`` threads (one per rank) that checks each payload's size."""
+
+  def __init__(self, size: int):
+    self.size = size
+    self.barrier = threading.Barrier(size)
+    self.slots: list = [None] * size
+    self.sent = [0] * size
+
+  def member(self, rank: int) -> "Member":
+    return Member(self, rank)
+
+
+class Member:
+  """One rank's view of a :class:`ThreadGroup` (``sharded.Collective``)."""
+
+  def __init__(self, group: ThreadGroup, rank: int):
+    self.group, self.rank, self.size = group, rank, group.size
+
+  def _gather(self, value):
+    self.group.barrier.wait()
+    self.group.slots[self.rank] = value
+    self.group.barrier.wait()
+    out = list(self.group.slots)
+    self.group.barrier.wait()
+    return out
+
+  def all_gather_bytes(self, payload, sizes):
+    assert payload.dtype == np.uint8 and payload.size == sizes[self.rank], (
+        f"rank {self.rank}: payload {payload.size} bytes, every rank expects {sizes[self.rank]}")
+    self.group.sent[self.rank] += payload.size
+    return [np.array(x, copy=True) for x in self._gather(payload)]
+
+  def all_gather_objects(self, value):
+    return self._gather(value)
+
+
+def _split_rows(rows: int, ranks: int, rng) -> list[int]:
+  """Row counts per rank, uneven, some possibly empty."""
+  cuts = np.sort(rng.integers(0, rows + 1, size=ranks - 1))
+  return np.diff(np.concatenate([[0], cuts, [rows]])).tolist()
+
+
+def sharded_call(op: str, leaves, threshold, *, ranks: int, rng, segments=None,
+                 num_systems=None, replicated=(), reorder=False, **kwargs):
+  """Every rank's (outputs, norms) of the sharded call, and the bytes each rank sent."""
+  p = 2.0 if op == "clip_by_max_step" else kwargs.get("norm_type", 2.0)
+  nonfinite = kwargs.get("nonfinite", "propagate")
+  K = num_systems if segments is not None else 1
+  nl = len(leaves)
+  # A 0-d leaf has no rows to split: every rank holds it.
+  replicated = tuple(replicated) + tuple(i for i, x in enumerate(leaves) if x.ndim == 0)
+  splits, orders = [], []
+  for i, x in enumerate(leaves):
+    rows = x.shape[0] if x.ndim else 1
+    splits.append([rows] * ranks if i in replicated else _split_rows(rows, ranks, rng))
+    orders.append(rng.permutation(ranks) if reorder else np.arange(ranks))
+  counts = np.zeros((ranks, nl, K), dtype=np.int64)
+  pieces = [[None] * nl for _ in range(ranks)]
+  ids = [[None] * nl for _ in range(ranks)]
+  for i, x in enumerate(leaves):
+    start = 0
+    for g in orders[i].tolist():
+      n = splits[i][g]
+      lo = 0 if i in replicated else start
+      rows = slice(lo, lo + n)
+      pieces[g][i] = np.array(x[rows] if x.ndim else x, order="C")  # keeps a 0-d leaf 0-d
+      if segments is not None:
+        ids[g][i] = np.ascontiguousarray(segments[i][rows])
+        counts[g, i] = np.bincount(ids[g][i], minlength=K)
+      else:
+        counts[g, i, 0] = n
+      if i not in replicated:
+        start += n
+  shards = sharded.ShardLayout(counts, np.array(orders, dtype=np.int64).reshape(nl, ranks),
+                               np.array([i in replicated for i in range(nl)], dtype=np.bool_))
+  layout = leaf_layout(leaves)
+  group = ThreadGroup(ranks)
+  results: list = [None] * ranks
+  stats: list = [None] * ranks
+  errors: list = []
+
+  def rank_main(g: int):
+    try:
+      segs = NO_SEGMENTS if segments is None else checked_segments(pieces[g], ids[g], K)
+      results[g] = sharded.run(pieces[g], layout, threshold, segs, shards, group.member(g), p,
+                               nonfinite, step=op == "clip_by_max_step")
+      # The folded sums themselves, which few outputs would show: a float32 norm and a
+      # factor of 24 bits rarely reveal a changed last bit of a float64 sum.
+      source = sharded.ShardedBlocks(Prepared(pieces[g], leaf_layout(pieces[g]), segs), layout,
+                                     shards, group.member(g))
+      stats[g] = _stats(source, op, p, nonfinite, layout)
+    except BaseException as e:  # pylint: disable=broad-except
+      errors.append(e)
+      group.barrier.abort()
+
+  workers = [threading.Thread(target=rank_main, args=(g,)) for g in range(ranks)]
+  for w in workers:
+    w.start()
+  for w in workers:
+    w.join()
+  if errors:
+    raise errors[0]
+  whole = NO_SEGMENTS if segments is None else checked_segments(leaves, segments, K)
+  want = _stats(general.LocalBlocks(Prepared(list(leaves), layout, whole)), op, p, nonfinite,
+                layout)
+  for g in range(ranks):
+    for name, value in want.items():
+      np.testing.assert_array_equal(np.asarray(stats[g][name]), np.asarray(value),
+                                    err_msg=f"{name} on rank {g}", strict=True)
+  return results, orders, replicated, group.sent
+
+
+def _stats(source, op, p, nonfinite, layout):
+  f64_mode = bool(np.any(layout.codes == F64))
+  if op == "clip_by_max_step":
+    return general.step_stats(source, nonfinite == "zero", f64_mode)
+  return general.global_stats(source, p, nonfinite == "zero", f64_mode)
+
+
+def assert_unsharded_bits(op, leaves, threshold, *, ranks, seed, replicated=(), reorder=False,
+                          **kwargs):
+  rng = np.random.default_rng(seed)
+  want_out, want_norms = getattr(api, op)(leaves, threshold, **kwargs)
+  results, orders, replicated, sent = sharded_call(op, leaves, threshold, ranks=ranks, rng=rng,
+                                                   replicated=replicated, reorder=reorder,
+                                                   **kwargs)
+  for g, (out, norms) in enumerate(results):
+    np.testing.assert_array_equal(np.asarray(norms).reshape(-1).view(np.uint8),
+                                  np.asarray(want_norms).reshape(-1).view(np.uint8),
+                                  err_msg=f"norms on rank {g}")
+  for i, want in enumerate(want_out):
+    if i in replicated:
+      got = [results[g][0][i] for g in range(ranks)]
+    else:
+      got = [np.concatenate([results[g][0][i] for g in orders[i].tolist()])]
+    for x in got:
+      assert x.shape == want.shape and x.dtype == want.dtype, f"leaves[{i}]"
+      np.testing.assert_array_equal(x.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8),
+                                    err_msg=f"leaves[{i}]")
+  return sent
+
+
+def _model(rng, dtype=np.float32):
+  """A few leaves: one of several blocks, rows of several elements, a small one, a scalar."""
+  return [rng.standard_normal((3 * BLOCK + 77,)).astype(dtype),
+          rng.standard_normal((2500, 7)).astype(dtype),
+          rng.standard_normal((13, 2)).astype(dtype),
+          np.asarray(rng.standard_normal(), dtype=dtype)]
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, 2.5, np.inf, -np.inf, 8.0])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_clip_grad_norm_every_pass(norm_type, ranks):
+  rng = np.random.default_rng(ranks)
+  leaves = _model(rng)
+  assert_unsharded_bits("clip_grad_norm", leaves, 3.0, ranks=ranks, seed=ranks,
+                        norm_type=norm_type)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, ml_dtypes.bfloat16])
+def test_dtypes_and_a_replicated_leaf(dtype):
+  rng = np.random.default_rng(5)
+  leaves = _model(rng, dtype) + [rng.standard_normal((9000,)).astype(np.float32)]
+  assert_unsharded_bits("clip_grad_norm", leaves, 2.0, ranks=4, seed=11, replicated=(1,))
+
+
+def test_rows_in_another_rank_order_and_tiny_shards():
+  rng = np.random.default_rng(6)
+  leaves = [rng.standard_normal((BLOCK // 2 + 3, 4)).astype(np.float32),
+            rng.standard_normal((40,)).astype(np.float32)]
+  # Four ranks on a leaf of a few blocks: blocks straddle several boundaries at once.
+  assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=4, seed=3, reorder=True)
+
+
+@pytest.mark.parametrize("sorted_ids", [True, False])
+@pytest.mark.parametrize("op", ["clip_by_global_norm", "clip_by_max_step"])
+def test_per_system_segments(op, sorted_ids):
+  rng = np.random.default_rng(7)
+  K = 40
+  leaves = [rng.standard_normal((6000, 3)).astype(np.float32),
+            rng.standard_normal((2 * BLOCK + 5,)).astype(np.float32)]
+  segments = [rng.integers(0, K - 1, size=6000), rng.integers(0, K, size=2 * BLOCK + 5)]
+  if sorted_ids:
+    segments = [np.sort(s) for s in segments]
+    segments[1] = np.where(segments[1] < 3, 0, segments[1])  # one long run of several blocks
+  threshold = rng.uniform(0.5, 30.0, size=K)
+  assert_unsharded_bits(op, leaves, threshold, ranks=3, seed=8, segments=segments,
+                        num_systems=K)
+
+
+@pytest.mark.parametrize("nonfinite", ["propagate", "zero"])
+@pytest.mark.parametrize("op", ["clip_by_global_norm", "clip_by_max_step"])
+def test_non_finite_elements(op, nonfinite):
+  rng = np.random.default_rng(9)
+  K = 5
+  leaves = [rng.standard_normal((3000, 3)), rng.standard_normal((BLOCK + 9, 2)).astype(np.float32)]
+  leaves[0][17, 1] = np.nan
+  leaves[1][BLOCK - 1, 0] = np.inf
+  segments = [np.sort(rng.integers(0, K, size=3000)), np.sort(rng.integers(0, K, size=BLOCK + 9))]
+  assert_unsharded_bits(op, leaves, 1.5, ranks=2, seed=10, segments=segments, num_systems=K,
+                        nonfinite=nonfinite)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, np.inf, 2.5])
+def test_near_ties_are_decided_exactly_across_ranks(norm_type):
+  """A threshold equal to a system's exact norm (kept, rule 3), its rows on several ranks."""
+  rows = np.tile(np.array([[3.0, 4.0]], dtype=np.float32), (BLOCK, 1))
+  rows[::2] = [[4.0, 3.0]]
+  ids = np.repeat(np.arange(2), [BLOCK // 4, BLOCK - BLOCK // 4])
+  m = {1.0: 7.0, 2.0: 5.0, np.inf: 4.0}.get(norm_type)
+  counts = np.bincount(ids, minlength=2)
+  if m is None:  # p = 2.5: no exact threshold in floats; near it, the exact path still decides
+    exact_norm = (counts * (3.0 ** 2.5 + 4.0 ** 2.5)) ** (1 / 2.5)
+  elif norm_type == np.inf:
+    exact_norm = np.full(2, m)
+  else:
+    exact_norm = m * counts ** (1 / norm_type)
+  assert_unsharded_bits("clip_by_global_norm", [rows], exact_norm, ranks=3, seed=12,
+                        segments=[ids], num_systems=2, norm_type=norm_type)
+
+
+def test_max_step_near_tie():
+  rows = np.tile(np.array([[3.0, 4.0], [0.0, 1.0]], dtype=np.float32), (BLOCK, 1))
+  assert_unsharded_bits("clip_by_max_step", [rows], 5.0, ranks=3, seed=13, segments=[
+      np.zeros(2 * BLOCK, np.int64)], num_systems=1)
+
+
+def test_bytes_sent_are_block_results_not_leaves():
+  """A rank sends its whole blocks' sums and its pieces of straddling blocks: for a leaf of
+  many blocks, a small fraction of its shard (the counts are exact, so this can be tested)."""
+  rng = np.random.default_rng(14)
+  leaves = [rng.standard_normal((64 * BLOCK,)).astype(np.float32)]
+  sent = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=15)
+  shard_bytes = leaves[0].nbytes / 2
+  assert max(sent) <= 0.01 * shard_bytes + 2 * BLOCK * 4, sent
