@@ -1,28 +1,43 @@
-"""Sharded against unsharded clipping time on torch.distributed (DTensor ``Shard(0)``, gloo, CPU).
+"""Sharded clipping on torch.distributed (DTensor ``Shard(0)``, gloo, CPU): time, bytes, memory.
 
   python -m clipbench.benchmarks.sharded_torch [--scale 0.25] [--worlds 2 4] [--repeats 5]
 
 For W1 (``clip_grad_norm``, 200 leaves) and W3 (per-system ``clip_by_global_norm``, positions
 and cells with their segments), each rank holds ``Shard(0)`` of every leaf (and of the segment
-ids); a call's time is the slowest rank's, between barriers; the median and the minimum of
-``--repeats`` are printed (the minimum is the least disturbed by other load). The unsharded
-time is the same call on whole tensors in this process, with every core. Printed: seconds and
-the ratio sharded / unsharded, for our torch implementation and for
-``torch.nn.utils.clip_grad_norm_`` (W1 only: it has no per-system form).
+ids). Implementations: ours (``clipbench.torch``: block results exchanged,
+``impls/own/torch/sharded.py``), ours the former way (``clipbench.torch.gathering``: every
+leaf gathered, the unsharded call on every rank), and ``torch.nn.utils.clip_grad_norm_`` on the
+same DTensor gradients (W1 only: it has no per-system form).
 
-Read the ratios with the machine in mind: the ranks share its cores (``os.cpu_count()``,
+Per implementation and number of ranks, printed:
+
+* seconds: a call's time is the slowest rank's, between barriers; the median and the minimum
+  of ``--repeats`` (the minimum is the least disturbed by other load), and the ratio to
+  ``torch.clip_grad_norm_`` on the same DTensors in the same run (``vs torch``) or, for W3,
+  to the unsharded call of ours on whole tensors in this process (``vs unsharded``);
+* bytes sent per call, the largest over ranks: what the process wrote to its sockets (the
+  ``wchar`` of ``/proc/self/io``, which is every byte a gloo collective sends: a ring
+  all-gather sends each byte of a payload to ``ranks - 1`` peers), and as a percentage of the
+  rank's shard of the leaves;
+* peak extra memory per call, the largest over ranks: the rise of the bytes the C allocator has
+  handed out (glibc's ``mallinfo2``, which torch's CPU tensors and NumPy's arrays come from)
+  above their level before the call, sampled every 0.2 ms by a thread (a buffer our kernels
+  recycle from an earlier call's freed outputs is not counted again).
+
+Read the times with the machine in mind: the ranks share its cores (``os.cpu_count()``,
 printed), so 4 ranks on 2 cores measure communication and oversubscription, not the speed-up
-of 4 devices. Our implementation gathers the leaves (``impls/own/torch/sharded.py``: one
-all-gather of their bytes), so its ratio is about that all-gather plus the unsharded call.
+of 4 devices.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import socket
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
@@ -57,12 +72,88 @@ def _library_call(inputs, grads, foreach: bool):
   return lambda: torch.nn.utils.clip_grad_norm_(params, inputs.threshold, foreach=foreach)
 
 
-def _calls(inputs, leaves, segments) -> dict:
+def _gathering_call(inputs, leaves, segments):
+  """Ours the former way: every DTensor made whole, the unsharded call on every rank."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  from clipbench.impls.own.torch import api, eager, sharded
+  if inputs.segments is None:
+    call = api._Call("clip_grad_norm", inputs.threshold, "max_norm", None, None, 2.0,
+                     "propagate")
+  else:
+    call = api._Call("clip_by_global_norm", inputs.threshold, "max_norm", segments,
+                     inputs.num_systems, 2.0, "propagate")
+  return lambda: sharded._clip_gathering(eager, leaves, call)
+
+
+def _calls(inputs, leaves, segments, distributed: bool = False) -> dict:
   calls = {"clipbench.torch": _own_call(inputs, leaves, segments)}
+  if distributed:
+    calls["clipbench.torch.gathering"] = _gathering_call(inputs, leaves, segments)
   if inputs.segments is None:
     calls["torch.clip_grad_norm_"] = _library_call(inputs, leaves, False)
     calls["torch.clip_grad_norm_.foreach"] = _library_call(inputs, leaves, True)
   return calls
+
+
+def _written() -> int:
+  """Bytes this process has written (sockets included): ``wchar`` of ``/proc/self/io``."""
+  try:
+    with open("/proc/self/io", encoding="ascii") as f:
+      return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+  except (OSError, StopIteration):
+    return -1
+
+
+class _MallInfo2(ctypes.Structure):
+  _fields_ = [(name, ctypes.c_size_t) for name in (
+      "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+      "fordblks", "keepcost")]
+
+
+def _allocated_bytes() -> int:
+  """Bytes the C allocator has handed out and not taken back (glibc's ``mallinfo2``: heap
+  chunks in use plus mmapped blocks), where torch's CPU tensors, NumPy's arrays and the
+  kernels' buffers all come from; the resident set where there is no glibc."""
+  if _MALLINFO2 is not None:
+    info = _MALLINFO2()
+    return info.uordblks + info.hblkhd
+  with open("/proc/self/statm", encoding="ascii") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _find_mallinfo2():
+  try:
+    fn = ctypes.CDLL(None).mallinfo2
+  except (OSError, AttributeError):
+    return None
+  fn.restype = _MallInfo2
+  return fn
+
+
+_MALLINFO2 = _find_mallinfo2()
+
+
+class _PeakResident:
+  """The largest rise of allocated bytes above their level at entry, sampled by a thread."""
+
+  def __init__(self):
+    self.rise = 0
+    self._stop = threading.Event()
+
+  def __enter__(self):
+    self._base = _allocated_bytes()
+    self._thread = threading.Thread(target=self._sample, daemon=True)
+    self._thread.start()
+    return self
+
+  def _sample(self):
+    while not self._stop.wait(0.0002):
+      self.rise = max(self.rise, _allocated_bytes() - self._base)
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.rise = max(self.rise, _allocated_bytes() - self._base)
 
 
 def _times(fn, repeats: int, barrier=None) -> tuple[float, float]:
@@ -78,6 +169,24 @@ def _times(fn, repeats: int, barrier=None) -> tuple[float, float]:
       barrier()
     times.append(time.perf_counter() - start)
   return statistics.median(times), min(times)
+
+
+def _bytes_and_memory(fn, repeats: int, barrier) -> tuple[float, int]:
+  """(bytes written per call, peak resident rise per call) of ``repeats`` calls, each call
+  between barriers (whose own bytes are measured alone and taken off)."""
+  barrier()
+  start = _written()
+  for _ in range(repeats):
+    barrier()
+  barriers_only = _written() - start
+  peak = 0
+  start = _written()
+  for _ in range(repeats):
+    barrier()
+    with _PeakResident() as resident:
+      fn()
+    peak = max(peak, resident.rise)
+  return (_written() - start - barriers_only) / repeats, peak
 
 
 def _rank(rank: int, world: int, port: int, scale: float, repeats: int, out) -> None:
@@ -96,10 +205,14 @@ def _rank(rank: int, world: int, port: int, scale: float, repeats: int, out) -> 
     leaves, segments = _tensors(inputs)
     leaves = [shard(x) for x in leaves]
     segments = None if segments is None else [shard(s) for s in segments]
-    for impl, fn in _calls(inputs, leaves, segments).items():
+    shard_bytes = sum(x.to_local().numel() * x.element_size() for x in leaves)
+    for impl, fn in _calls(inputs, leaves, segments, distributed=True).items():
       seconds = _times(fn, repeats, dist.barrier)
+      sent, peak = _bytes_and_memory(fn, repeats, dist.barrier)
+      every = [None] * world
+      dist.all_gather_object(every, (sent, peak, shard_bytes))
       if rank == 0:
-        out.put((name, impl, seconds))
+        out.put((name, impl, seconds, every))
   dist.destroy_process_group()
 
 
@@ -126,18 +239,28 @@ def main(argv: list[str] | None = None) -> int:
   for name in WORKLOADS:
     inputs = workloads.get(name).build(args.scale)
     leaves, segments = _tensors(inputs)
-    for impl, fn in _calls(inputs, [x.clone() for x in leaves], segments).items():
-      unsharded[(name, impl)] = _times(fn, args.repeats)
-  print(f"{'workload':16} {'implementation':30} {'ranks':>5} {'unsharded s':>17} "
-        f"{'sharded s':>17} {'ratio':>11}   (median / min)")
+    unsharded[name] = _times(_own_call(inputs, [x.clone() for x in leaves], segments),
+                             args.repeats)
+  print(f"{'workload':16} {'implementation':30} {'ranks':>5} {'seconds':>17} {'ratio':>17} "
+        f"{'sent/call':>10} {'% shard':>8} {'peak MB':>8}")
   for world in args.worlds:
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(_rank, args=(world, _free_port(), args.scale, args.repeats, queue), nprocs=world)
+    rows = []
     while not queue.empty():
-      name, impl, (median, least) = queue.get()
-      base_median, base_least = unsharded[(name, impl)]
-      print(f"{name:16} {impl:30} {world:5d} {base_median:8.4f}/{base_least:8.4f} "
-            f"{median:8.4f}/{least:8.4f} {median / base_median:5.1f}/{least / base_least:5.1f}")
+      rows.append(queue.get())
+    peer = {name: seconds for name, impl, seconds, _ in rows if impl == "torch.clip_grad_norm_"}
+    for name, impl, (median, least), every in rows:
+      base, against = (peer[name], "vs torch") if name in peer else (unsharded[name],
+                                                                      "vs unsharded")
+      sent = max(e[0] for e in every)
+      share = max(e[0] / e[2] for e in every)
+      peak = max(e[1] for e in every)
+      print(f"{name:16} {impl:30} {world:5d} {median:8.4f}/{least:8.4f} "
+            f"{median / base[0]:5.2f}/{least / base[1]:5.2f} {against:12} {sent:10.0f} "
+            f"{100 * share:7.2f}% {peak / 2**20:8.1f}")
+  print(f"unsharded clipbench.torch (this process, every core): "
+        + ", ".join(f"{n} {m:.4f}/{s:.4f} s" for n, (m, s) in unsharded.items()))
   return 0
 
 

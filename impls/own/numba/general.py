@@ -29,8 +29,8 @@ from clipbench.impls.own.numba.extremes import extreme_blocks
 from clipbench.impls.own.numba.finalize import finalize_systems
 from clipbench.impls.own.numba.layout import LeafLayout, Prepared
 from clipbench.impls.own.numba.max_step import step_blocks
-from clipbench.impls.own.numba.power_sums import (ABS, INT, SQ, power_sum_kernel, term_of,
-                                                  term_rel_err)
+from clipbench.impls.own.numba.power_sums import (ABS, INT, SQ, power_sum_kernel,
+                                                  sub_block_kernel, term_of, term_rel_err)
 from clipbench.impls.own.numba.records import (Decisions, PowerTerm, Scaling, StepMaxima,
                                                SystemSums, Threshold)
 from clipbench.impls.own.numba.scaled_sums import scaled_sum_blocks
@@ -50,8 +50,10 @@ class LocalBlocks:
     """The blocks of every run, in the order their results are folded."""
     return self.prep.blocks(by_vectors)
 
-  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any) -> None:
-    """``kernel`` over every block, writing each block's results into ``outputs``."""
+  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any, split=None) -> None:
+    """``kernel`` over every block, writing each block's results into ``outputs`` (``split``
+    serves sources that hold parts of blocks: :class:`.sharded.ShardedBlocks`)."""
+    del split
     blocks = self.prep.blocks(by_vectors)
     threads.parallel(kernel, blocks.length, *outputs, self.prep.norm_inputs, blocks, *args)
 
@@ -88,7 +90,8 @@ def global_stats(prep, p: float, zero_mode: bool, f64_mode: bool) -> dict[str, A
   if not f64_mode and p <= 6.0:
     part = np.empty(blocks.leaf.size)
     flags = np.zeros(blocks.leaf.size, dtype=np.int8)
-    prep.run(power_sum_kernel(kind, ip), (part, flags), False, power, zero_mode)
+    prep.run(power_sum_kernel(kind, ip), (part, flags), False, power, zero_mode,
+             split=None if zero_mode else sub_block_kernel(kind, ip))
     tot = combine_sum(blocks.system, part, s)
     flags = combine_flags(blocks.system, flags, s)
     rel = decision.sum_rel_err(count, term_rel_err(p, kind))

@@ -5,12 +5,18 @@ Every ``|x|**p`` with ``p <= 6`` of a float16/bfloat16/float32 value is formed i
 overflow or underflow there (``(3.4e38)**6 < 1e308``, ``(1.4e-45)**6 > 2.2e-308``), so no
 scaling pass is needed and one read suffices.
 
-The block sums carry the ``reassoc`` fast-math flag and nothing else: LLVM may then split a
-sum into vector lanes (element j of the block -> lane j mod width, lanes added by a fixed tree
-at the end), which is what makes the pass memory-bound. The order is a fixed function of the
-compiled code and the block length, never of the data's address (LLVM does not peel loops for
-alignment on x86; a test pins the bits at every offset), the thread, or other systems
-(SPEC rule 11). Squares of <= 32-bit floats are exact in float64, so only that order matters.
+A block is summed as ``SUB_BLOCK``-element sub-blocks (counted from the block's start) whose
+sums are added in order. A sub-block's sum carries the ``reassoc`` fast-math flag and nothing
+else: LLVM may then split it into vector lanes (element j -> lane j mod width, lanes added by a
+fixed tree at the end), which is what makes the pass memory-bound. The order is a fixed
+function of the compiled code and the block length, never of the data's address (LLVM does not
+peel loops for alignment on x86; a test pins the bits at every offset), the thread, or other
+systems (SPEC rule 11). Squares of <= 32-bit floats are exact in float64, so only that order
+matters. Why sub-blocks: a sharded call (:mod:`.sharded`) must reproduce the sum of a block
+whose elements lie on two ranks; with sub-blocks, each rank sums the sub-blocks it holds whole
+and only the one sub-block across the boundary travels as elements (at most 2 KB of float32),
+where a block of one vector reduction would send all of a rank's part of it (up to 32 KB, per
+leaf and per boundary). The extra fold costs one horizontal add per sub-block.
 A float32 block of squares shorter than ``short_sums.SHORT`` is summed in that module's fixed
 tree instead (no branches for a tiny system's runs; the fused route calls it directly).
 """
@@ -26,6 +32,7 @@ from numba import njit
 from clipbench.impls.own import decision
 from clipbench.impls.own.numba.decode import BF16, F32, block_flags, load, views
 from clipbench.impls.own.numba.intrinsics import JIT, f32, ptr_u16, ptr_u32
+from clipbench.impls.own.numba.layout import SUB_BLOCK
 from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32
 
 ABS, SQ, INT, POW = 0, 1, 2, 3  # the kinds of term: |x|, x * x, |x|**n (n <= 64), |x|**p
@@ -70,26 +77,48 @@ def _make_power_sum(kind: int, int_power: int = 0):
     return a ** p
 
   @njit(**_REASSOC)
-  def block_f32(xs, ip, p):
-    if kind == SQ and xs.size < SHORT:
-      return short_squares_f32(np.int64(xs.ctypes.data), np.int64(xs.size))
+  def run_f32(xs, ip, p):
     s = 0.0
     for j in range(xs.size):
       s += term(abs(np.float64(f32(xs[j]))), ip, p)
     return s
 
   @njit(**_REASSOC)
-  def block_bf16(xs, ip, p):
+  def run_bf16(xs, ip, p):
     s = 0.0
     for j in range(xs.size):
       s += term(abs(np.float64(f32(np.uint32(xs[j]) << np.uint32(16)))), ip, p)
     return s
 
   @njit(**_REASSOC)
-  def block_f16(xs, table, ip, p):
+  def run_f16(xs, table, ip, p):
     s = 0.0
     for j in range(xs.size):
       s += term(abs(np.float64(table[xs[j]])), ip, p)
+    return s
+
+  # The folds below carry no fast-math flag: sub-block sums are added one after another.
+  @njit(**JIT)
+  def block_f32(xs, ip, p):
+    if kind == SQ and xs.size < SHORT:
+      return short_squares_f32(np.int64(xs.ctypes.data), np.int64(xs.size))
+    s = 0.0
+    for b in range(0, xs.size, SUB_BLOCK):
+      s += run_f32(xs[b:b + SUB_BLOCK], ip, p)
+    return s
+
+  @njit(**JIT)
+  def block_bf16(xs, ip, p):
+    s = 0.0
+    for b in range(0, xs.size, SUB_BLOCK):
+      s += run_bf16(xs[b:b + SUB_BLOCK], ip, p)
+    return s
+
+  @njit(**JIT)
+  def block_f16(xs, table, ip, p):
+    s = 0.0
+    for b in range(0, xs.size, SUB_BLOCK):
+      s += run_f16(xs[b:b + SUB_BLOCK], table, ip, p)
     return s
 
   @njit(**JIT)
@@ -130,7 +159,32 @@ def _make_power_sum(kind: int, int_power: int = 0):
       part[it] = total
       flags[it] = f
 
-  return sum_blocks, block_f32
+  @njit(**JIT)
+  def sum_sub_blocks(i0, i1, part, flags, leaves, blocks, power, zero_mode):
+    """Sub-blocks [i0, i1) (each at most ``SUB_BLOCK`` elements of one block, on the block's
+    sub-block grid): the sums the block functions fold, whatever the length (a short block's
+    tree is not a fold of sub-blocks: such a block is never split), and their non-finite
+    flags. Propagate mode only (``zero_mode`` is taken for the blocks kernel's signature)."""
+    ip, p, table = power.ip, power.p, leaves.table
+    for it in range(i0, i1):
+      leaf = blocks.leaf[it]
+      code = leaves.codes[leaf]
+      addr = leaves.addrs[leaf]
+      start, n = blocks.start[it], blocks.length[it]
+      if code == F32:
+        total = run_f32(numba.carray(ptr_u32(addr + 4 * start), n), ip, p)
+      elif code == BF16:
+        total = run_bf16(numba.carray(ptr_u16(addr + 2 * start), n), ip, p)
+      else:
+        total = run_f16(numba.carray(ptr_u16(addr + 2 * start), n), table, ip, p)
+      f = 0
+      if not math.isfinite(total):
+        a16, a32, a64 = views(addr, leaves.sizes[leaf], code)
+        f = block_flags(code, a16, a32, a64, table, start, n)
+      part[it] = total
+      flags[it] = f
+
+  return sum_blocks, block_f32, sum_sub_blocks
 
 
 _KERNELS = {kind: _make_power_sum(kind) for kind in (ABS, SQ, POW)}
@@ -142,3 +196,9 @@ SQUARES_F32 = _KERNELS[SQ][1]
 def power_sum_kernel(kind: int, ip: int):
   """The blocks kernel (``sum_blocks``) for the term of ``term_of(p)``."""
   return _KERNELS[(kind, ip) if kind == INT else kind][0]
+
+
+def sub_block_kernel(kind: int, ip: int):
+  """The sub-blocks kernel (``sum_sub_blocks``) for the term of ``term_of(p)``: what a rank
+  computes of a block it holds only part of (:mod:`.sharded`)."""
+  return _KERNELS[(kind, ip) if kind == INT else kind][2]

@@ -45,9 +45,10 @@ from clipbench.impls.own import exact
 from clipbench.impls.own.numba import general, threads
 from clipbench.impls.own.numba.decode import ITEMSIZE
 from clipbench.impls.own.numba.intrinsics import JIT
-from clipbench.impls.own.numba.layout import BLOCK, LeafLayout, Prepared, leaf_layout
+from clipbench.impls.own.numba.layout import BLOCK, SUB_BLOCK, LeafLayout, Prepared, leaf_layout
 from clipbench.impls.own.numba.records import Blocks, Leaves
 from clipbench.impls.own.numba.segments import CheckedSegments
+from clipbench.impls.own.numba.short_sums import SHORT
 
 # Owners of a block besides a rank index: every rank (a replicated leaf), pieces of several.
 EVERY_RANK, STRADDLES = -2, -1
@@ -75,18 +76,25 @@ class ShardLayout(NamedTuple):
   replicated: np.ndarray  # bool (leaves,): every rank holds the whole leaf
 
 
-class _Plan(NamedTuple):
-  """The unsharded call's blocks, and who reads each."""
+class _Units(NamedTuple):
+  """Units of reduction (the blocks, or sub-blocks of blocks split across ranks) in fold
+  order, and who reads each."""
 
-  blocks: Blocks  # every block in fold order (start: within its run)
-  owner: np.ndarray  # int64: the rank that reads it whole, EVERY_RANK or STRADDLES
+  units: Blocks  # leaf, system, start within the run or block (unused), length
+  owner: np.ndarray  # int64: the rank that holds it whole, EVERY_RANK or STRADDLES
   owner_start: np.ndarray  # int64: where it starts in its owner's (norm-order) leaf
-  # Pieces of straddling blocks, in block order then row order:
-  piece_block: np.ndarray  # int64 index into blocks
+  # Pieces of the straddling units, in unit order then row order:
+  piece_unit: np.ndarray  # int64 index into units
   piece_rank: np.ndarray  # int64
   piece_start: np.ndarray  # int64 element in that rank's (norm-order) leaf
   piece_length: np.ndarray  # int64
-  piece_at: np.ndarray  # int64 element offset within the block
+  piece_at: np.ndarray  # int64 element offset within the unit
+
+  def owned_by(self, rank: int) -> np.ndarray:
+    return np.flatnonzero(self.owner == rank)
+
+  def pieces_of(self, rank: int) -> np.ndarray:
+    return np.flatnonzero(self.piece_rank == rank)
 
 
 @njit(**JIT)
@@ -165,15 +173,103 @@ def _walk_blocks(counts, order, replicated, rowsizes, vecs, block, by_vectors, f
   return nb, npieces
 
 
-def _plan(shards: ShardLayout, layout: LeafLayout, by_vectors: bool) -> _Plan:
+@njit(**JIT)
+def _walk_sub_blocks(blocks, b_leaf, b_sys, b_len, p_block, p_rank, p_start, p_len, p_at, sub,
+                     fill, out):
+  """Counts or writes the sub-blocks of the straddling blocks ``blocks`` (each on its grid of
+  ``sub`` elements from the block's start) and their straddling pieces, from the blocks'
+  pieces; like ``_walk_blocks``, one level down. Returns (sub-blocks, pieces)."""
+  s_leaf, s_sys, s_start, s_len, owner, owner_start, q_unit, q_rank, q_start, q_len, q_at, \
+      s_block = out
+  ns = 0
+  nq = 0
+  j0 = 0
+  for b in blocks:
+    while p_block[j0] != b:
+      j0 += 1
+    j1 = j0
+    while j1 < p_block.size and p_block[j1] == b:
+      j1 += 1
+    pos = 0
+    j = j0
+    while pos < b_len[b]:
+      n = min(sub, b_len[b] - pos)
+      if fill:
+        s_leaf[ns] = b_leaf[b]
+        s_sys[ns] = b_sys[b]
+        s_start[ns] = pos
+        s_len[ns] = n
+        s_block[ns] = b
+      while p_at[j] + p_len[j] <= pos:
+        j += 1
+      if pos + n <= p_at[j] + p_len[j]:
+        if fill:
+          owner[ns] = p_rank[j]
+          owner_start[ns] = p_start[j] + pos - p_at[j]
+      else:
+        if fill:
+          owner[ns] = -1
+          owner_start[ns] = 0
+        i = j
+        while i < j1 and p_at[i] < pos + n:
+          lo = max(p_at[i], pos)
+          hi = min(p_at[i] + p_len[i], pos + n)
+          if hi > lo:
+            if fill:
+              q_unit[nq] = ns
+              q_rank[nq] = p_rank[i]
+              q_start[nq] = p_start[i] + lo - p_at[i]
+              q_len[nq] = hi - lo
+              q_at[nq] = lo - pos
+            nq += 1
+          i += 1
+      ns += 1
+      pos += n
+    j0 = j1
+  return ns, nq
+
+
+def _arrays(nb: int, npieces: int, extra: int = 0) -> tuple:
+  i64 = lambda n: np.zeros(n, dtype=np.int64)
+  return ((np.zeros(nb, np.int32), np.zeros(nb, np.int32)) + tuple(i64(nb) for _ in range(4))
+          + tuple(i64(npieces) for _ in range(5)) + tuple(i64(nb) for _ in range(extra)))
+
+
+def _plan(shards: ShardLayout, layout: LeafLayout, by_vectors: bool) -> _Units:
+  """The unsharded call's blocks, and who reads each."""
   args = (shards.counts, shards.order, shards.replicated, layout.rowsizes, layout.vecs, BLOCK,
           by_vectors)
-  i64 = lambda n: np.zeros(n, dtype=np.int64)
-  nb, npieces = _walk_blocks(*args, False, tuple(i64(0) for _ in range(11)))
-  out = (np.zeros(nb, np.int32), np.zeros(nb, np.int32)) + tuple(i64(nb) for _ in range(4)) + \
-      tuple(i64(npieces) for _ in range(5))
+  nb, npieces = _walk_blocks(*args, False, _arrays(0, 0))
+  out = _arrays(nb, npieces)
   _walk_blocks(*args, True, out)
-  return _Plan(Blocks(*out[:4]), *out[4:])
+  return _Units(Blocks(*out[:4]), *out[4:])
+
+
+def _split(plan: _Units, blocks: np.ndarray) -> tuple[_Units, np.ndarray]:
+  """The sub-blocks of straddling ``blocks`` of ``plan``, and the block of each."""
+  u = plan.units
+  args = (blocks.astype(np.int64), u.leaf, u.system, u.length, plan.piece_unit, plan.piece_rank,
+          plan.piece_start, plan.piece_length, plan.piece_at, SUB_BLOCK)
+  ns, nq = _walk_sub_blocks(*args, False, _arrays(0, 0, 1))
+  out = _arrays(ns, nq, 1)
+  _walk_sub_blocks(*args, True, out)
+  return _Units(Blocks(*out[:4]), *out[4:11]), out[11]
+
+
+@njit(**JIT)
+def _fold_sub_blocks(block_of, sums, flags, part, part_flags):
+  """What the block functions do with sub-block sums: added in order from 0.0 (no fast-math:
+  one rounding per addition, in this order); the flags of a block whose sum is not finite."""
+  for b in np.unique(block_of):
+    part[b] = 0.0
+    part_flags[b] = 0
+  for it in range(block_of.size):
+    b = block_of[it]
+    part[b] += sums[it]
+    part_flags[b] |= flags[it]
+  for b in np.unique(block_of):
+    if math.isfinite(part[b]):
+      part_flags[b] = 0
 
 
 def _fields(outputs: tuple) -> list[np.ndarray]:
@@ -185,6 +281,15 @@ def _like(outputs: tuple, n: int) -> tuple:
   """Outputs of the same structure for ``n`` blocks."""
   return tuple(type(o)(*(np.zeros(n, a.dtype) for a in o)) if isinstance(o, tuple)
                else np.zeros(n, o.dtype) for o in outputs)
+
+
+class _Assembled(NamedTuple):
+  """Straddling units made whole on this rank: extra leaves after its own, one per unit."""
+
+  leaves: Leaves
+  units: Blocks
+  indices: np.ndarray  # which units of their _Units
+  buffer: np.ndarray  # keeps the bytes alive
 
 
 class ShardedBlocks:
@@ -202,127 +307,172 @@ class ShardedBlocks:
     self.collective = collective
     self.num_systems = prep.num_systems
     self.vecs = layout.vecs
-    self._plans: dict[bool, _Plan] = {}
-    self._straddling: dict[bool, tuple[Leaves, Blocks]] = {}
+    self._plans: dict[bool, _Units] = {}
+    self._assembled: dict[bool, _Assembled] = {}
 
-  def _plan_of(self, by_vectors: bool) -> _Plan:
+  def _plan_of(self, by_vectors: bool) -> _Units:
     if by_vectors not in self._plans:
       self._plans[by_vectors] = _plan(self.shards, self.layout, by_vectors)
     return self._plans[by_vectors]
 
   def blocks(self, by_vectors: bool) -> Blocks:
     """Every block of the whole leaves, in fold order."""
-    return self._plan_of(by_vectors).blocks
+    return self._plan_of(by_vectors).units
 
-  def _norm_bytes(self, leaf: int) -> np.ndarray:
-    """This rank's leaf as the norm passes read it (unsorted rows gathered), as bytes."""
-    prep = self.prep
-    held = prep.gathered[leaf] if prep.gathered[leaf] is not None else prep.leaves[leaf]
-    return np.ascontiguousarray(held).reshape(-1).view(np.uint8)
+  def _itemsize(self, units: _Units, pieces: np.ndarray) -> np.ndarray:
+    return ITEMSIZE[self.layout.codes[units.units.leaf[units.piece_unit[pieces]]]]
 
-  def _pieces_of(self, plan: _Plan, rank: int) -> np.ndarray:
-    return np.flatnonzero(plan.piece_rank == rank)
+  def _raw_size(self, units: _Units, indices: np.ndarray, rank: int) -> int:
+    """Bytes of ``rank``'s pieces of the units ``indices``."""
+    pieces = units.pieces_of(rank)
+    pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
+    return int((units.piece_length[pieces] * self._itemsize(units, pieces)).sum())
 
-  def _piece_bytes(self, plan: _Plan) -> np.ndarray:
-    """Bytes of each piece of a straddling block."""
-    leaf = plan.blocks.leaf[plan.piece_block]
-    return plan.piece_length * ITEMSIZE[self.layout.codes[leaf]]
-
-  def _raw_payload(self, plan: _Plan) -> np.ndarray:
-    """This rank's pieces of straddling blocks, concatenated in plan order."""
-    mine = self._pieces_of(plan, self.collective.rank)
-    if mine.size == 0:
+  def _raw(self, units: _Units, indices: np.ndarray) -> np.ndarray:
+    """This rank's pieces of the units ``indices``, concatenated in piece order."""
+    pieces = units.pieces_of(self.collective.rank)
+    pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
+    if pieces.size == 0:
       return np.zeros(0, np.uint8)
-    parts = []
-    for j in mine.tolist():
-      leaf = int(plan.blocks.leaf[plan.piece_block[j]])
-      size = int(ITEMSIZE[self.layout.codes[leaf]])
-      start = int(plan.piece_start[j]) * size
-      parts.append(self._norm_bytes(leaf)[start:start + int(plan.piece_length[j]) * size])
+    prep, parts = self.prep, []
+    sizes = self._itemsize(units, pieces)
+    for j, size in zip(pieces.tolist(), sizes.tolist()):
+      leaf = int(units.units.leaf[units.piece_unit[j]])
+      held = prep.gathered[leaf] if prep.gathered[leaf] is not None else prep.leaves[leaf]
+      data = np.ascontiguousarray(held).reshape(-1).view(np.uint8)
+      start = int(units.piece_start[j]) * size
+      parts.append(data[start:start + int(units.piece_length[j]) * size])
     return np.concatenate(parts)
 
-  def _assemble(self, plan: _Plan, raw: list[np.ndarray], by_vectors: bool) -> None:
-    """The straddling blocks, whole, from every rank's pieces: extra leaves after this
-    rank's own, one per block, in one aligned buffer."""
-    straddling = np.flatnonzero(plan.owner == STRADDLES)
+  def _assemble(self, units: _Units, indices: np.ndarray,
+                raw: list[np.ndarray]) -> _Assembled:
+    """The units ``indices`` made whole from every rank's pieces (``raw[g]``: rank g's, in
+    piece order), in one aligned buffer."""
     lay, nl = self.layout, self.layout.codes.size
-    leaf = plan.blocks.leaf[straddling]
-    nbytes = plan.blocks.length[straddling] * ITEMSIZE[lay.codes[leaf]]
-    offsets = np.cumsum((nbytes + _ALIGN - 1) // _ALIGN * _ALIGN) - (
-        nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    buffer = np.zeros(int(offsets[-1] + nbytes[-1]) + _ALIGN if straddling.size else _ALIGN,
-                      np.uint8)
+    leaf = units.units.leaf[indices]
+    nbytes = units.units.length[indices] * ITEMSIZE[lay.codes[leaf]]
+    padded = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    offsets = np.cumsum(padded) - padded
+    buffer = np.zeros(int(padded.sum()) + _ALIGN, np.uint8)
     shift = (-buffer.ctypes.data) % _ALIGN
-    where = np.full(plan.blocks.leaf.size, -1, np.int64)
-    where[straddling] = np.arange(straddling.size)
-    piece_bytes = self._piece_bytes(plan)
+    where = np.full(units.units.leaf.size, -1, np.int64)
+    where[indices] = np.arange(indices.size)
     for rank, payload in enumerate(raw):
+      pieces = units.pieces_of(rank)
+      pieces = pieces[where[units.piece_unit[pieces]] >= 0]
       cursor = 0
-      for j in self._pieces_of(plan, rank).tolist():
-        b = int(plan.piece_block[j])
-        size = int(ITEMSIZE[lay.codes[plan.blocks.leaf[b]]])
-        at = shift + int(offsets[where[b]]) + int(plan.piece_at[j]) * size
-        n = int(piece_bytes[j])
+      for j, size in zip(pieces.tolist(), self._itemsize(units, pieces).tolist()):
+        at = shift + int(offsets[where[units.piece_unit[j]]]) + int(units.piece_at[j]) * size
+        n = int(units.piece_length[j]) * size
         buffer[at:at + n] = payload[cursor:cursor + n]
         cursor += n
     inputs = self.prep.norm_inputs
-    base = buffer.ctypes.data + shift
     extra = Leaves(
-        np.concatenate([inputs.addrs, base + offsets]).astype(np.int64),
-        np.concatenate([inputs.sizes, plan.blocks.length[straddling]]).astype(np.int64),
+        np.concatenate([inputs.addrs, buffer.ctypes.data + shift + offsets]).astype(np.int64),
+        np.concatenate([inputs.sizes, units.units.length[indices]]).astype(np.int64),
         np.concatenate([inputs.codes, lay.codes[leaf]]).astype(np.int8),
         np.concatenate([inputs.rowsizes, lay.rowsizes[leaf]]).astype(np.int64),
         np.concatenate([inputs.vecs, lay.vecs[leaf]]).astype(np.int64),
         inputs.table)
-    blocks = Blocks((nl + np.arange(straddling.size)).astype(np.int32),
-                    plan.blocks.system[straddling], np.zeros(straddling.size, np.int64),
-                    plan.blocks.length[straddling])
-    self._straddling[by_vectors] = (extra, blocks, buffer)
+    whole = Blocks((nl + np.arange(indices.size)).astype(np.int32), units.units.system[indices],
+                   np.zeros(indices.size, np.int64), units.units.length[indices])
+    return _Assembled(extra, whole, indices, buffer)
 
-  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any) -> None:
+  def _reduce(self, kernel, outputs: tuple, units: _Units, indices: np.ndarray, args) -> list:
+    """``kernel``'s results (fields) for the units ``indices`` this rank holds whole."""
+    local = _like(outputs, indices.size)
+    if indices.size:
+      u = units.units
+      blocks = Blocks(u.leaf[indices], u.system[indices], units.owner_start[indices],
+                      u.length[indices])
+      threads.parallel(kernel, blocks.length, *local, self.prep.norm_inputs, blocks, *args)
+    return _fields(local)
+
+  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any, split=None) -> None:
     """``kernel`` over every block: this rank's whole blocks and replicated leaves read here,
-    the other ranks' results received, straddling blocks assembled and reduced here."""
+    the other ranks' results received, straddling blocks reduced here from their pieces.
+
+    ``split``, the sub-blocks kernel of a power-sum pass (``power_sums.sub_block_kernel``),
+    says that a block's result is the fold of its sub-blocks' sums: a straddling block then
+    travels as the sums of the sub-blocks each rank holds whole, plus the elements of the one
+    sub-block across each boundary. Without it (maxima, max-step, scaled double-double sums,
+    zero mode) a straddling block travels as its elements (kept for the call's later passes).
+    """
     plan = self._plan_of(by_vectors)
     me, ranks = self.collective.rank, self.collective.size
-    here = np.flatnonzero((plan.owner == me) | (plan.owner == EVERY_RANK))
-    local = _like(outputs, here.size)
-    if here.size:
-      blocks = Blocks(plan.blocks.leaf[here], plan.blocks.system[here], plan.owner_start[here],
-                      plan.blocks.length[here])
-      threads.parallel(kernel, blocks.length, *local, self.prep.norm_inputs, blocks, *args)
     targets = _fields(outputs)
-    for target, values in zip(targets, _fields(local)):
+    here = np.flatnonzero((plan.owner == me) | (plan.owner == EVERY_RANK))
+    for target, values in zip(targets, self._reduce(kernel, outputs, plan, here, args)):
       target[here] = values
-    owned = [np.flatnonzero(plan.owner == g) for g in range(ranks)]
+    owned = [plan.owned_by(g) for g in range(ranks)]
+    straddling = np.flatnonzero(plan.owner == STRADDLES)
+    key = (by_vectors, split is not None)
+    whole = straddling
+    if split is not None:
+      whole = straddling[plan.units.length[straddling] < SHORT]  # a short block's own tree
+      subs, block_of = _split(plan, straddling[plan.units.length[straddling] >= SHORT])
+      sub_owned = [subs.owned_by(g) for g in range(ranks)]
+      sub_straddling = np.flatnonzero(subs.owner == STRADDLES)
+      sub_fields = (np.zeros(block_of.size), np.zeros(block_of.size, np.int8))
+    assemble = key not in self._assembled
     width = sum(t.dtype.itemsize for t in targets)
-    first = by_vectors not in self._straddling
-    piece_bytes = self._piece_bytes(plan)
-    raw_sizes = [int(piece_bytes[self._pieces_of(plan, g)].sum()) if first else 0
-                 for g in range(ranks)]
-    mine = np.flatnonzero(plan.owner[here] == me)
-    payload = np.concatenate(
-        [np.ascontiguousarray(v[mine]).view(np.uint8) for v in _fields(local)] +
-        ([self._raw_payload(plan)] if first else []))
+
+    def size_of(g: int) -> int:
+      size = owned[g].size * width
+      if assemble:
+        size += self._raw_size(plan, whole, g)
+      if split is not None:
+        size += sub_owned[g].size * 9 + self._raw_size(subs, sub_straddling, g)
+      return size
+
+    mine = [np.ascontiguousarray(t[owned[me]]).view(np.uint8) for t in targets]
+    if assemble:
+      mine.append(self._raw(plan, whole))
+    if split is not None:
+      for field, values in zip(sub_fields, self._reduce(split, sub_fields, subs, sub_owned[me],
+                                                        args)):
+        field[sub_owned[me]] = values
+      mine += [sub_fields[0][sub_owned[me]].view(np.uint8),
+               sub_fields[1][sub_owned[me]].view(np.uint8), self._raw(subs, sub_straddling)]
     received = self.collective.all_gather_bytes(
-        payload, [int(owned[g].size) * width + raw_sizes[g] for g in range(ranks)])
-    for g in range(ranks):
-      if g == me or owned[g].size == 0:
-        continue
+        np.concatenate(mine) if mine else np.zeros(0, np.uint8),
+        [size_of(g) for g in range(ranks)])
+    raw_whole, raw_subs = [], []
+    for g, payload in enumerate(received):
       cursor = 0
       for target in targets:
         n = owned[g].size * target.dtype.itemsize
-        target[owned[g]] = received[g][cursor:cursor + n].view(target.dtype)
+        if g != me:
+          target[owned[g]] = payload[cursor:cursor + n].view(target.dtype)
         cursor += n
-    if first:
-      self._assemble(plan, [r[owned[g].size * width:] for g, r in enumerate(received)],
-                     by_vectors)
-    extra, blocks, _ = self._straddling[by_vectors]
-    if blocks.leaf.size:
-      straddled = _like(outputs, blocks.leaf.size)
-      threads.parallel(kernel, blocks.length, *straddled, extra, blocks, *args)
-      where = np.flatnonzero(plan.owner == STRADDLES)
-      for target, values in zip(targets, _fields(straddled)):
-        target[where] = values
+      if assemble:
+        n = self._raw_size(plan, whole, g)
+        raw_whole.append(payload[cursor:cursor + n])
+        cursor += n
+      if split is not None:
+        for field in sub_fields:
+          n = sub_owned[g].size * field.dtype.itemsize
+          if g != me:
+            field[sub_owned[g]] = payload[cursor:cursor + n].view(field.dtype)
+          cursor += n
+        raw_subs.append(payload[cursor:])
+    if assemble:
+      self._assembled[key] = self._assemble(plan, whole, raw_whole)
+    done = self._assembled[key]
+    if done.indices.size:
+      reduced = _like(outputs, done.indices.size)
+      threads.parallel(kernel, done.units.length, *reduced, done.leaves, done.units, *args)
+      for target, values in zip(targets, _fields(reduced)):
+        target[done.indices] = values
+    if split is not None:
+      if sub_straddling.size:
+        across = self._assemble(subs, sub_straddling, raw_subs)
+        reduced = _like(sub_fields, sub_straddling.size)
+        threads.parallel(split, across.units.length, *reduced, across.leaves, across.units,
+                         *args)
+        for field, values in zip(sub_fields, reduced):
+          field[sub_straddling] = values
+      _fold_sub_blocks(block_of, *sub_fields, *targets)
 
   def ties_kept(self, systems: list[int], c: np.ndarray, p: float, step: bool) -> list[bool]:
     """The exact decisions of near-ties from every rank's exact partials of those systems."""

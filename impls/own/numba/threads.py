@@ -11,6 +11,8 @@ call time (tests vary them).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -31,6 +33,21 @@ NEXT, STARTED, FINISHED = 0, 1, 2
 SPINS = 1 << 14
 
 
+_AT_MOST: contextvars.ContextVar[int | None] = contextvars.ContextVar("clipbench_workers",
+                                                                    default=None)
+
+
+@contextlib.contextmanager
+def at_most(workers: int):
+  """``parallel`` in this context splits work over at most ``workers`` threads (a process
+  that shares the machine's cores with others, such as one rank of several)."""
+  token = _AT_MOST.set(max(1, int(workers)))
+  try:
+    yield
+  finally:
+    _AT_MOST.reset(token)
+
+
 def pool() -> ThreadPoolExecutor:
   """The shared pool (created on first use) of ``WORKERS - 1`` threads; the caller is the last."""
   if not _POOL:
@@ -45,7 +62,8 @@ def parallel(kernel: Callable[..., None], weights: np.ndarray, *args: Any) -> No
     return
   cum = np.cumsum(weights)
   total = int(cum[-1])
-  parts = min(WORKERS, n)
+  limit = _AT_MOST.get()
+  parts = min(WORKERS if limit is None else min(WORKERS, limit), n)
   if parts == 1 or total < PARALLEL_MIN:
     kernel(0, n, *args)
     return

@@ -75,9 +75,9 @@ def _check_mesh(value: Any, name: str) -> None:
 
 def _row_split(value: Any) -> bool:
   """Whether ``value`` is ``Shard(0)`` on a 1-D mesh (gathered as bytes, below)."""
-  from torch.distributed.tensor import Shard  # pylint: disable=import-outside-toplevel
+  placements = value.placements
   # A row of zero elements cannot be told apart in bytes: such a leaf takes full_tensor().
-  return (value.device_mesh.ndim == 1 and tuple(value.placements) == (Shard(0),)
+  return (len(placements) == 1 and placements[0].is_shard(0) and value.device_mesh.ndim == 1
           and all(d > 0 for d in value.shape[1:]))
 
 
@@ -188,8 +188,11 @@ def _partial_ways(clipping: Any, leaves: Any, call: Any) -> list[str] | None:
   if not all(isinstance(x, DTensor) and x.device_mesh.device_type == "cpu" and x.dtype in floats
              for x in leaves):
     return None
+  checked = set()
   for i, x in enumerate(leaves):
-    _check_mesh(x, f"leaves[{i}]")
+    if id(x.device_mesh) not in checked:
+      _check_mesh(x, f"leaves[{i}]")
+      checked.add(id(x.device_mesh))
   segments = call.segments
   if segments is not None and not (isinstance(segments, (list, tuple))
                                    and len(segments) == len(leaves)):

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from clipbench.impls.own.numba import sharded as numba_sharded
+from clipbench.impls.own.numba import threads
 from clipbench.impls.own.numba.decode import DTYPES
 from clipbench.impls.own.numba.layout import leaf_layout_of
 from clipbench.impls.own.numba.segments import NO_SEGMENTS, checked_segments
@@ -106,16 +107,45 @@ class GlooCollective:
     return torch.stack(every).numpy()
 
 
-def _row_offset(x: Any) -> int:
-  """Where this rank's rows start in a ``Shard(0)`` leaf by DTensor's own description of its
-  chunks, or -1 when its local rows are not that chunk (``from_local`` of other sizes)."""
-  try:
-    from torch.distributed.tensor._utils import (  # pylint: disable=import-outside-toplevel
-        compute_local_shape_and_global_offset)
-  except ImportError:  # a torch without it: the ranks' rows cannot be placed
-    return -1
-  shape, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
-  return int(offset[0]) if tuple(shape) == tuple(x.to_local().shape) else -1
+def _row_offset(x: Any, local_rows: int, coordinates: dict[int, tuple[int, int]]) -> int:
+  """Where this rank's rows start in a ``Shard(0)`` leaf of a 1-D mesh, by DTensor's chunking
+  (``torch.chunk``: ``ceil(rows / ranks)`` rows per rank in mesh order, the last ones short or
+  empty), or -1 when its ``local_rows`` are not that chunk (``from_local`` of other sizes).
+  ``coordinates`` caches this rank's coordinate and the mesh's size, per mesh."""
+  mesh = x.device_mesh
+  if id(mesh) not in coordinates:
+    coordinates[id(mesh)] = (mesh.get_coordinate()[0], mesh.size())
+  coordinate, ranks = coordinates[id(mesh)]
+  rows = x.shape[0]
+  chunk = -(-rows // ranks)
+  start = min(coordinate * chunk, rows)
+  return start if local_rows == min(chunk, rows - start) else -1
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+  strides, step = [], 1
+  for n in reversed(shape):
+    strides.append(step)
+    step *= max(n, 1)
+  return tuple(reversed(strides))
+
+
+def _as_output(local: torch.Tensor, leaf: Any) -> Any:
+  """This rank's output rows as a DTensor placed like ``leaf`` (a local piece: nothing moves).
+
+  The output has the leaf's spec (mesh, placements, shape, dtype, contiguous stride), so it is
+  built on that spec directly: ``from_local`` costs ~15 us a leaf, most of a 200-leaf call's
+  Python time; it remains the way where the spec differs (a non-contiguous leaf).
+  """
+  from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
+  spec = getattr(leaf, "_spec", None)
+  if spec is not None and leaf.stride() == _contiguous_strides(leaf.shape):
+    try:
+      return DTensor(local, spec, requires_grad=False)
+    except TypeError:  # another torch's constructor
+      pass
+  return DTensor.from_local(local, leaf.device_mesh, leaf.placements, run_check=False,
+                            shape=leaf.shape)
 
 
 def _system_count(call: Any) -> int:
@@ -130,7 +160,7 @@ def _system_count(call: Any) -> int:
   return count if 0 < count < 1 << 31 else 1
 
 
-def _local_segments(leaf: Any, way: str, seg: Any, offset: int) -> Any:
+def _local_segments(leaf: Any, way: str, seg: Any, offset: int, local_rows: int) -> Any:
   """This rank's ids of ``leaf``'s rows it holds (a DTensor placed like the leaf keeps its
   piece; anything else is made whole, then cut)."""
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
@@ -142,7 +172,7 @@ def _local_segments(leaf: Any, way: str, seg: Any, offset: int) -> Any:
   if way != "rows" or not isinstance(seg, (torch.Tensor, np.ndarray)) or seg.ndim != 1 or (
       seg.shape[0] != leaf.shape[0]):
     return seg  # whole (or unusable: the checks below say so)
-  return seg[offset:offset + leaf.to_local().shape[0]]
+  return seg[offset:offset + local_rows]
 
 
 def clip(leaves: list[Any], call: Any, ways: list[str]):
@@ -153,12 +183,15 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   if not rows_at:
     return None  # every leaf whole on every rank already: the unsharded call moves nothing
   collective = GlooCollective(leaves[rows_at[0]].device_mesh.get_group(0))
-  offsets = [_row_offset(x) if w == "rows" else 0 for x, w in zip(leaves, ways)]
   local = [x.to_local() if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
+  local_rows = [t.shape[0] if t.dim() else 1 for t in local]
+  coordinates: dict[int, tuple[int, int]] = {}
+  offsets = [_row_offset(x, n, coordinates) if w == "rows" else 0
+             for x, w, n in zip(leaves, ways, local_rows)]
   segments = call.segments
   if segments is not None:
-    segments = [_local_segments(x, w, s, o)
-                for x, w, s, o in zip(leaves, ways, segments, offsets)]
+    segments = [_local_segments(x, w, s, o, n)
+                for x, w, s, o, n in zip(leaves, ways, segments, offsets, local_rows)]
   threshold = call.threshold
   if isinstance(threshold, DTensor):
     threshold = full_tensor(threshold)
@@ -178,12 +211,14 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     segs = NO_SEGMENTS if ids is None else checked_segments(host, host_ids, num_systems)
     if num_systems != K or min(offsets) < 0:
       raise ValueError("the exchanged counts would not describe this call")
-    for i, x in enumerate(host):
-      rows = x.shape[0] if x.ndim else 1
-      message[1 + 2 * i:3 + 2 * i] = (rows, offsets[i])
-      start = 1 + 2 * nl + i * K
-      message[start:start + K] = (np.bincount(host_ids[i], minlength=K) if host_ids is not None
-                                  else rows)
+    message[1:1 + 2 * nl:2] = local_rows
+    message[2:2 + 2 * nl:2] = offsets
+    counts = message[1 + 2 * nl:].reshape(nl, K)
+    if host_ids is None:
+      counts[:, 0] = local_rows
+    else:
+      for i, g in enumerate(host_ids):
+        counts[i] = np.bincount(g, minlength=K)
     message[0] = 1
   except (TypeError, ValueError):
     message[:] = 0
@@ -195,16 +230,18 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     return None
   layout = leaf_layout_of([tuple(x.shape) for x in leaves], [_NUMPY_DTYPE[x.dtype]
                                                              for x in leaves])
-  outs, norms = numba_sharded.run(host, layout, checked.values, segs, shards, collective, p,
-                                  nonfinite, step=op == "clip_by_max_step")
+  # Ranks share the machine's cores: the kernels take torch's intra-op thread count (torchrun
+  # sets 1 per rank), as torch's own clipping on these tensors does.
+  with threads.at_most(torch.get_num_threads()):
+    outs, norms = numba_sharded.run(host, layout, checked.values, segs, shards, collective, p,
+                                    nonfinite, step=op == "clip_by_max_step")
   outputs = []
   for out, x, way in zip(outs, leaves, ways):
     t = host_route.to_tensor(out)
     if way == "gathered":
       outputs.append(like_input(t, x))
     else:
-      outputs.append(DTensor.from_local(t, x.device_mesh, x.placements, run_check=False,
-                                        shape=x.shape, stride=x.stride()))
+      outputs.append(_as_output(t, x))
   return outputs, torch.from_numpy(np.ascontiguousarray(np.asarray(norms).reshape(-1)))
 
 
@@ -212,17 +249,17 @@ def _shard_layout(leaves: list[Any], ways: list[str], every: np.ndarray, K: int)
   """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of the gathered messages, or
   None when some leaf's rows are not contiguous chunks covering it in some rank order."""
   ranks, nl = every.shape[0], len(leaves)
-  rows = every[:, 1:1 + 2 * nl:2]
-  starts = every[:, 2:2 + 2 * nl:2]
+  rows = every[:, 1:1 + 2 * nl:2].T  # (leaves, ranks)
+  starts = every[:, 2:2 + 2 * nl:2].T
   counts = every[:, 1 + 2 * nl:].reshape(ranks, nl, K)
-  order = np.tile(np.arange(ranks), (nl, 1))
-  for i, (x, way) in enumerate(zip(leaves, ways)):
-    if way != "rows":
-      continue
-    order[i] = np.lexsort((rows[:, i], starts[:, i]))
-    ends = np.cumsum(rows[order[i], i])
-    if (starts[order[i], i] != ends - rows[order[i], i]).any() or ends[-1] != x.shape[0]:
-      return None
-  replicated = np.array([w != "rows" for w in ways], dtype=np.bool_)
+  split = np.array([w == "rows" for w in ways])
+  # Each leaf's ranks in the order of their rows (a rank holding none first at its place).
+  order = np.where(split[:, None], np.lexsort((rows, starts)), np.arange(ranks))
+  held = np.take_along_axis(rows, order, 1)
+  ends = np.cumsum(held, 1)
+  placed = np.take_along_axis(starts, order, 1) == ends - held
+  whole = ends[:, -1] == np.array([x.shape[0] if x.dim() else 1 for x in leaves])
+  if not (placed.all(1) & whole)[split].all():
+    return None
   return numba_sharded.ShardLayout(np.ascontiguousarray(counts), order.astype(np.int64),
-                                   replicated)
+                                   ~split)
