@@ -9,9 +9,10 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   power of two and accumulate double-double sums (:mod:`.scaled_sums`, TwoProd via a fused
   multiply-add). Max-step takes each block's largest vector sum (:mod:`.max_step`).
 * **Reduction order (rule 11, by construction).** Each system's run of rows in a leaf is cut
-  into fixed blocks counted from the run's start (:mod:`.layout`); a block is summed by one
-  compiled loop whose order is a fixed function of the block length, and a system's block
-  sums are added in leaf order, then block order (:mod:`.combine`). Nothing depends on other
+  into fixed blocks counted from the run's start (:mod:`.layout`); a block is summed as
+  512-element sub-blocks, each by one compiled loop whose order is a fixed function of its
+  length, their sums added in order, and a system's block sums are added in leaf order, then
+  block order (:mod:`.combine`). Nothing depends on other
   systems, on where the run sits in memory, or on the thread that ran it; sorted ids (row
   offsets from the validation scan, :mod:`.segments`) and unsorted ids (a gathered copy) sum
   the same blocks, so they give the same bits. Max-step and p = inf take maxima (exact).
@@ -42,6 +43,11 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   largest system would leave a thread idle (one giant system) takes :mod:`.long_runs`
   instead: the general route's blocks on every thread, ids checked and sums taken in one
   pass, then decided and applied, the same sums in the same order.
+
+* **Sharded calls** (:mod:`.sharded`, rule 14): every rank reduces the blocks and
+  sub-blocks it holds whole, the elements across shard boundaries travel, and every rank folds
+  all results in the order above, so it reaches the unsharded call's sums and decisions
+  without holding more than its rows.
 
 Execution (:mod:`.api`): validation (rules 6, 9, 10, 13; the shared checks of
 ``clipbench.impls.own.validation``) runs before any other kernel; its one pass over each

@@ -74,3 +74,18 @@ def extreme_blocks(i0, i1, part, flags, leaves, blocks, want_min, zero_mode):
       best = min(best, v) if want_min else max(best, v)
     part[it] = best
     flags[it] = f
+
+
+@njit(**JIT)
+def merge_extremes(block_of, piece_part, piece_flags, part, flags, want_min, zero_mode):
+  """Blocks from their pieces' ``extreme_blocks`` results (``block_of``: each piece's block,
+  pieces in element order): what ``extreme_blocks`` gives for the whole block, since a max or
+  min over the elements is the max or min over any split of them, flags their union."""
+  for it in range(block_of.size):
+    b = block_of[it]
+    part[b] = np.inf if want_min else 0.0
+    flags[b] = 0
+  for it in range(block_of.size):
+    b = block_of[it]
+    part[b] = min(part[b], piece_part[it]) if want_min else max(part[b], piece_part[it])
+    flags[b] |= piece_flags[it]

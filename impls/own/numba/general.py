@@ -25,10 +25,10 @@ from clipbench.impls.own.numba.apply import apply_blocks, apply_rows
 from clipbench.impls.own.numba.combine import (combine_dd, combine_extreme, combine_flags,
                                                combine_step, combine_sum, count_per_system)
 from clipbench.impls.own.numba.decode import F64
-from clipbench.impls.own.numba.extremes import extreme_blocks
+from clipbench.impls.own.numba.extremes import extreme_blocks, merge_extremes
 from clipbench.impls.own.numba.finalize import finalize_systems
 from clipbench.impls.own.numba.layout import LeafLayout, Prepared
-from clipbench.impls.own.numba.max_step import step_blocks
+from clipbench.impls.own.numba.max_step import merge_step, step_blocks
 from clipbench.impls.own.numba.power_sums import (ABS, INT, SQ, power_sum_kernel,
                                                   sub_block_kernel, term_of, term_rel_err)
 from clipbench.impls.own.numba.records import (Decisions, PowerTerm, Scaling, StepMaxima,
@@ -50,10 +50,11 @@ class LocalBlocks:
     """The blocks of every run, in the order their results are folded."""
     return self.prep.blocks(by_vectors)
 
-  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any, split=None) -> None:
+  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any, split=None,
+          merge=None) -> None:
     """``kernel`` over every block, writing each block's results into ``outputs`` (``split``
-    serves sources that hold parts of blocks: :class:`.sharded.ShardedBlocks`)."""
-    del split
+    and ``merge`` serve sources that hold parts of blocks: :class:`.sharded.ShardedBlocks`)."""
+    del split, merge
     blocks = self.prep.blocks(by_vectors)
     threads.parallel(kernel, blocks.length, *outputs, self.prep.norm_inputs, blocks, *args)
 
@@ -68,7 +69,7 @@ def _extreme(prep, want_min: bool, zero_mode: bool):
   blocks = prep.blocks(False)
   part = np.empty(blocks.leaf.size)
   flags = np.zeros(blocks.leaf.size, dtype=np.int8)
-  prep.run(extreme_blocks, (part, flags), False, want_min, zero_mode)
+  prep.run(extreme_blocks, (part, flags), False, want_min, zero_mode, merge=merge_extremes)
   s = prep.num_systems
   return (combine_extreme(blocks.system, part, s, want_min),
           combine_flags(blocks.system, flags, s))
@@ -129,7 +130,7 @@ def step_stats(prep, zero_mode: bool, f64_mode: bool) -> dict[str, Any]:
   m = blocks.leaf.size
   maxima = StepMaxima(np.zeros(m, dtype=np.int64), np.zeros(m), np.zeros(m),
                       np.zeros(m, dtype=np.int8))
-  prep.run(step_blocks, (maxima,), True, zero_mode, f64_mode)
+  prep.run(step_blocks, (maxima,), True, zero_mode, f64_mode, merge=merge_step)
   k, hi, lo = combine_step(blocks.system, maxima.k, maxima.hi, maxima.lo, s)
   flags = combine_flags(blocks.system, maxima.flags, s)
   vecs = prep.vecs

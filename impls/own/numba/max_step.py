@@ -117,3 +117,20 @@ def step_blocks(i0, i1, out, leaves, blocks, zero_mode, dd):
         best_k, best_hi, best_lo = k, hi, lo
     out.k[it], out.hi[it], out.lo[it] = best_k, best_hi, best_lo
     out.flags[it] = f
+
+
+@njit(**JIT)
+def merge_step(block_of, piece_k, piece_hi, piece_lo, piece_flags, k, hi, lo, flags, zero_mode,
+               dd):
+  """Blocks from their pieces' ``step_blocks`` results (pieces of whole vectors, in element
+  order): the first piece whose largest vector exceeds the earlier ones' is the whole block's
+  first largest vector, as ``step_blocks`` keeps it; flags their union."""
+  for it in range(block_of.size):
+    b = block_of[it]
+    k[b], hi[b], lo[b], flags[b] = 0, 0.0, 0.0, 0
+  for it in range(block_of.size):
+    b = block_of[it]
+    flags[b] |= piece_flags[it]
+    if piece_hi[it] != 0.0 and exceeds(piece_k[it], piece_hi[it], piece_lo[it], k[b], hi[b],
+                                       lo[b]):
+      k[b], hi[b], lo[b] = piece_k[it], piece_hi[it], piece_lo[it]

@@ -10,9 +10,13 @@ move bits; here every rank instead reaches the *same* per-block results, in the 
 * a block that lies wholly in one rank's rows is reduced by that rank (the same function of the
   same elements, wherever they sit in memory), and its results (8 to 25 bytes per block of up
   to 8,192 elements) go to every rank;
-* a block that straddles a boundary between ranks is assembled from the ranks' raw pieces of
-  it (at most one block per run per boundary: with sorted ids, one per leaf per boundary) and
-  reduced by every rank alike;
+* a block that straddles a boundary between ranks: a power-sum block is the in-order sum of
+  its ``SUB_BLOCK``-element sub-blocks' sums (:mod:`.power_sums`), so each rank reduces the
+  sub-blocks of it that it holds whole and sends their sums, and only the elements of the one
+  sub-block across the boundary travel (at most 2 KB of float32 per rank, leaf and boundary);
+  every rank reduces that sub-block alike and folds. Other passes (maxima, max-step, the scaled
+  double-double sums of float64 leaves and p > 6, zero mode) send the ranks' elements of the
+  whole block (up to 32 KB), once per call;
 * a replicated leaf is whole on every rank: every rank reduces its blocks itself, nothing moves.
 
 Every rank then folds, finalizes and decides as the unsharded call does (:func:`.general.decide`,
@@ -23,10 +27,11 @@ flagged systems only: rational power sums for integer p (exact, so any order of 
 gives the same total), signs for max-step, maxima for p = +-inf; a non-integer p sends the
 flagged systems' magnitudes (near-ties only happen where a test builds them).
 
-Costs: rows of a system that are interleaved across ranks (unsorted ids whose systems each hold
-rows on several ranks) make every such system's run straddle, and its raw pieces travel; the
-bits stay right, the bytes approach the rows'. The ranks must run the same compiled kernels
-(one machine type), as the unsharded call's bits already assume.
+Costs: one all-gather of every rank's block and sub-block results and elements (two when a
+first pass takes the maxima). Rows of a system that are interleaved across ranks (unsorted ids
+whose systems each hold rows on several ranks) make every such system's run straddle, and its
+elements travel; the bits stay right, the bytes approach the rows'. The ranks must run the
+same compiled kernels (one machine type), as the unsharded call's bits already assume.
 
 The communication is the caller's (:class:`Collective`): torch passes gloo's all-gather
 (:mod:`clipbench.impls.own.torch.sharded`).
@@ -388,15 +393,19 @@ class ShardedBlocks:
       threads.parallel(kernel, blocks.length, *local, self.prep.norm_inputs, blocks, *args)
     return _fields(local)
 
-  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any, split=None) -> None:
+  def run(self, kernel, outputs: tuple, by_vectors: bool, *args: Any, split=None,
+          merge=None) -> None:
     """``kernel`` over every block: this rank's whole blocks and replicated leaves read here,
     the other ranks' results received, straddling blocks reduced here from their pieces.
 
     ``split``, the sub-blocks kernel of a power-sum pass (``power_sums.sub_block_kernel``),
     says that a block's result is the fold of its sub-blocks' sums: a straddling block then
     travels as the sums of the sub-blocks each rank holds whole, plus the elements of the one
-    sub-block across each boundary. Without it (maxima, max-step, scaled double-double sums,
-    zero mode) a straddling block travels as its elements (kept for the call's later passes).
+    sub-block across each boundary. ``merge`` (``extremes.merge_extremes``,
+    ``max_step.merge_step``) says that a block's result follows from its pieces' results, in
+    any split: each rank sends its pieces' results. Without either (the scaled double-double
+    sums of float64 leaves and p > 6, zero mode) a straddling block travels as its elements
+    (kept for the call's later passes).
     """
     plan = self._plan_of(by_vectors)
     me, ranks = self.collective.rank, self.collective.size
@@ -406,8 +415,20 @@ class ShardedBlocks:
       target[here] = values
     owned = [plan.owned_by(g) for g in range(ranks)]
     straddling = np.flatnonzero(plan.owner == STRADDLES)
-    key = (by_vectors, split is not None)
-    whole = straddling
+    key = (by_vectors, split is not None or merge is not None)
+    whole = straddling if merge is None else straddling[:0]
+    if merge is not None:
+      piece_fields = _like(outputs, plan.piece_unit.size)
+      my_pieces = plan.pieces_of(me)
+      if my_pieces.size:
+        u = plan.units
+        blocks = Blocks(u.leaf[plan.piece_unit[my_pieces]], u.system[plan.piece_unit[my_pieces]],
+                        plan.piece_start[my_pieces], plan.piece_length[my_pieces])
+        mine_fields = _like(outputs, my_pieces.size)
+        threads.parallel(kernel, blocks.length, *mine_fields, self.prep.norm_inputs, blocks,
+                         *args)
+        for field, values in zip(_fields(piece_fields), _fields(mine_fields)):
+          field[my_pieces] = values
     if split is not None:
       whole = straddling[plan.units.length[straddling] < SHORT]  # a short block's own tree
       subs, block_of = _split(plan, straddling[plan.units.length[straddling] >= SHORT])
@@ -419,6 +440,8 @@ class ShardedBlocks:
 
     def size_of(g: int) -> int:
       size = owned[g].size * width
+      if merge is not None:
+        size += plan.pieces_of(g).size * width
       if assemble:
         size += self._raw_size(plan, whole, g)
       if split is not None:
@@ -426,6 +449,8 @@ class ShardedBlocks:
       return size
 
     mine = [np.ascontiguousarray(t[owned[me]]).view(np.uint8) for t in targets]
+    if merge is not None:
+      mine += [np.ascontiguousarray(f[my_pieces]).view(np.uint8) for f in _fields(piece_fields)]
     if assemble:
       mine.append(self._raw(plan, whole))
     if split is not None:
@@ -445,6 +470,13 @@ class ShardedBlocks:
         if g != me:
           target[owned[g]] = payload[cursor:cursor + n].view(target.dtype)
         cursor += n
+      if merge is not None:
+        theirs = plan.pieces_of(g)
+        for field in _fields(piece_fields):
+          n = theirs.size * field.dtype.itemsize
+          if g != me:
+            field[theirs] = payload[cursor:cursor + n].view(field.dtype)
+          cursor += n
       if assemble:
         n = self._raw_size(plan, whole, g)
         raw_whole.append(payload[cursor:cursor + n])
@@ -464,6 +496,8 @@ class ShardedBlocks:
       threads.parallel(kernel, done.units.length, *reduced, done.leaves, done.units, *args)
       for target, values in zip(targets, _fields(reduced)):
         target[done.indices] = values
+    if merge is not None:
+      merge(plan.piece_unit, *_fields(piece_fields), *targets, *args)
     if split is not None:
       if sub_straddling.size:
         across = self._assemble(subs, sub_straddling, raw_subs)

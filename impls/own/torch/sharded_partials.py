@@ -98,13 +98,15 @@ class GlooCollective:
     dist.all_gather_object(every, value, group=self.group)
     return every
 
-  def all_gather_int64(self, values: np.ndarray) -> np.ndarray:
-    """Every rank's equally long int64 vector, as rows by rank."""
-    mine = torch.from_numpy(np.ascontiguousarray(values, np.int64))
-    every = [torch.empty_like(mine) for _ in range(self.size)]
-    TRAFFIC.bytes_sent += mine.numel() * 8
-    dist.all_gather(every, mine, group=self.group)
-    return torch.stack(every).numpy()
+  def all_gather_layout(self, header: np.ndarray, counts: np.ndarray):
+    """Every rank's int64 ``header`` and int32 ``counts`` (equally long on every rank), as
+    (headers, counts) with rows by rank: one all-gather."""
+    payload = np.concatenate([header.astype(np.int64).view(np.uint8),
+                              counts.astype(np.int32).reshape(-1).view(np.uint8)])
+    every = self.all_gather_bytes(payload, [payload.size] * self.size)
+    split = header.size * 8
+    return (np.stack([e[:split].view(np.int64) for e in every]),
+            np.stack([e[split:].view(np.int32) for e in every]))
 
 
 def _row_offset(x: Any, local_rows: int, coordinates: dict[int, tuple[int, int]]) -> int:
@@ -198,7 +200,10 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   op = call.op
   K = _system_count(call)
   nl = len(leaves)
-  message = np.zeros(1 + 2 * nl + nl * K, dtype=np.int64)
+  # Per-system counts as int32 (rows below 2**31 per leaf): half the bytes of the exchange
+  # that per-system calls pay per system.
+  header = np.zeros(1 + 2 * nl, dtype=np.int64)
+  counts = np.zeros((nl, K), dtype=np.int32)
   try:
     checked_leaves = check_leaves([t.detach() for t in local])
     ids, num_systems = check_segments(checked_leaves, segments, call.num_systems)
@@ -211,21 +216,22 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     segs = NO_SEGMENTS if ids is None else checked_segments(host, host_ids, num_systems)
     if num_systems != K or min(offsets) < 0:
       raise ValueError("the exchanged counts would not describe this call")
-    message[1:1 + 2 * nl:2] = local_rows
-    message[2:2 + 2 * nl:2] = offsets
-    counts = message[1 + 2 * nl:].reshape(nl, K)
+    if max(local_rows) >= 1 << 31:
+      raise ValueError("more rows than int32 counts hold")
+    header[1::2] = local_rows
+    header[2::2] = offsets
     if host_ids is None:
       counts[:, 0] = local_rows
     else:
       for i, g in enumerate(host_ids):
         counts[i] = np.bincount(g, minlength=K)
-    message[0] = 1
+    header[0] = 1
   except (TypeError, ValueError):
-    message[:] = 0
-  every = collective.all_gather_int64(message)
-  if not every[:, 0].all():
+    header[:] = 0
+  headers, every_counts = collective.all_gather_layout(header, counts)
+  if not headers[:, 0].all():
     return None
-  shards = _shard_layout(leaves, ways, every, K)
+  shards = _shard_layout(leaves, ways, headers, every_counts, K)
   if shards is None:
     return None
   layout = leaf_layout_of([tuple(x.shape) for x in leaves], [_NUMPY_DTYPE[x.dtype]
@@ -245,13 +251,14 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   return outputs, torch.from_numpy(np.ascontiguousarray(np.asarray(norms).reshape(-1)))
 
 
-def _shard_layout(leaves: list[Any], ways: list[str], every: np.ndarray, K: int):
+def _shard_layout(leaves: list[Any], ways: list[str], every: np.ndarray, every_counts: np.ndarray,
+                  K: int):
   """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of the gathered messages, or
   None when some leaf's rows are not contiguous chunks covering it in some rank order."""
   ranks, nl = every.shape[0], len(leaves)
   rows = every[:, 1:1 + 2 * nl:2].T  # (leaves, ranks)
   starts = every[:, 2:2 + 2 * nl:2].T
-  counts = every[:, 1 + 2 * nl:].reshape(ranks, nl, K)
+  counts = every_counts.astype(np.int64).reshape(ranks, nl, K)
   split = np.array([w == "rows" for w in ways])
   # Each leaf's ranks in the order of their rows (a rank holding none first at its place).
   order = np.where(split[:, None], np.lexsort((rows, starts)), np.arange(ranks))
