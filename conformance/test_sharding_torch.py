@@ -71,7 +71,8 @@ def test_rule14_dtensor_leaves_give_the_unsharded_bits(target, check, request):
 
 
 def test_own_torch_dtensor_contract(request):
-  """Outputs placed like the inputs, a plain norm, and clear errors (one-rank gloo group)."""
+  """Outputs placed like the inputs, a plain norm, clear errors, partials not leaves (two gloo
+  ranks)."""
   chosen = request.config.getoption("--impl")
   if chosen and "clipbench.torch" not in chosen:
     pytest.skip("checks clipbench.torch, which --impl leaves out")
@@ -79,8 +80,20 @@ def test_own_torch_dtensor_contract(request):
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
   from clipbench.conformance.sharding_torch import launch  # pylint: disable=import-outside-toplevel
+  ranks = 2
   env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()),
-             RANK="0", WORLD_SIZE="1")
-  done = subprocess.run([sys.executable, "-m", "clipbench.conformance.sharding_torch.own_contract"],
-                        env=env, capture_output=True, text=True, timeout=120, check=False)
-  assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+             WORLD_SIZE=str(ranks), OMP_NUM_THREADS="1")
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "clipbench.conformance.sharding_torch.own_contract"],
+      env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for r in range(ranks)]
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=300))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  for r, (proc, (out, err)) in enumerate(zip(procs, outputs)):
+    assert proc.returncode == 0, f"rank {r}:\n{out}\n{err[-2000:]}"
