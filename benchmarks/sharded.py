@@ -13,6 +13,20 @@ unsharded call is the same jitted function on one device. The ratio is the shard
 median over the unsharded one (above 1: sharding costs time). Host devices share the
 machine's cores and memory, so the ratio measures the partitioned program and its
 collectives, not a speed-up from more hardware.
+
+Two columns per call and device, read from the compiled program (the per-device program of
+XLA's SPMD partitioner, the same on every device), not measured while it runs:
+
+* ``sent``: bytes one device hands to collectives: the sum of the operand sizes of every
+  collective instruction of the optimized HLO (``clipbench/hlo_collectives.py``). Exact for a
+  program whose collectives each run once; one in a loop body counts once per instruction, not
+  per trip, and one in a ``lax.cond`` branch counts although the branch may not run (the own
+  graph route's near-tie branch). The FFI route's kernels send nothing themselves: XLA's
+  collectives around the custom call are all it exchanges.
+* ``peak``: XLA's buffer assignment per device, ``memory_analysis()``'s temporaries plus
+  outputs (the arguments, the device's shard, excluded): what the call allocates beyond its
+  inputs, as XLA plans it. Memory that a custom call allocates itself (the numba kernels'
+  per-block partials, small) is not in it; the operands XLA gathers for it are.
 """
 
 from __future__ import annotations
@@ -38,8 +52,9 @@ from clipbench.benchmarks import workloads  # noqa: E402
 from clipbench.benchmarks.script_args import (  # noqa: E402
     add_scale_and_repeats, check_scale_and_repeats)
 from clipbench.impls import calling, registry  # noqa: E402
+from clipbench import hlo_collectives as collectives  # noqa: E402
 
-IMPLS = ("clipbench.jax", "optax.clip_by_global_norm")
+IMPLS = ("clipbench.jax", "clipbench.jax-xla", "optax.clip_by_global_norm")
 WORKLOADS = ("W1-model", "W3-relax-large")
 DEVICE_COUNTS = (2, 4)
 
@@ -66,6 +81,28 @@ def _split_inside(arrays, uneven: tuple[bool, ...], devices: int):
     return None
   return [jax.lax.with_sharding_constraint(x, _rows(devices, x.ndim)) if later and x.ndim
           else x for x, later in zip(arrays, uneven)]
+
+
+def _bytes(n: int) -> str:
+  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if n >= size:
+      return f"{n / size:7.1f} {unit}"
+  return f"{n:7d} B  "
+
+
+def program_costs(jitted, args) -> tuple[int, int, int]:
+  """(bytes sent, peak bytes = temporaries + outputs, argument bytes) per device of the
+  compiled call (see the module docstring)."""
+  compiled = jitted.lower(*args).compile()
+  sent = collectives.bytes_sent(compiled.as_text())
+  memory = compiled.memory_analysis()
+  return (sent, int(memory.temp_size_in_bytes + memory.output_size_in_bytes),
+          int(memory.argument_size_in_bytes))
+
+
+def _costs(jitted, args) -> str:
+  sent, peak, argument = program_costs(jitted, args)
+  return f"sent {_bytes(sent)}  peak {_bytes(peak)}  (shard {_bytes(argument)})"
 
 
 def _median_seconds(fn, args, repeats: int) -> float:
@@ -99,9 +136,11 @@ def measure(impl: registry.Implementation, workload: workloads.Workload, scale: 
         {"segments": segments} if segments is not None else {}))
 
   segments = prepared.kwargs.get("segments")
-  base = _median_seconds(jax.jit(call), (prepared.leaves, segments), repeats)
+  plain = jax.jit(call)
+  base = _median_seconds(plain, (prepared.leaves, segments), repeats)
   lines = [f"{impl.name:28} {workload.name:16} {drawn.num_elements:>10,} elements  "
-           f"1 device  {base * 1e3:9.2f} ms"]
+           f"1 device  {base * 1e3:9.2f} ms              "
+           f"{_costs(plain, (prepared.leaves, segments))}"]
   for devices in DEVICE_COUNTS:
     leaves, uneven = _place(prepared.leaves, devices)
     placed_segments = None if segments is None else _place(segments, devices)[0]
@@ -110,9 +149,10 @@ def measure(impl: registry.Implementation, workload: workloads.Workload, scale: 
       return call(_split_inside(leaves, uneven, devices),
                   _split_inside(segments, uneven, devices))
 
-    seconds = _median_seconds(jax.jit(sharded), (leaves, placed_segments), repeats)
+    jitted = jax.jit(sharded)
+    seconds = _median_seconds(jitted, (leaves, placed_segments), repeats)
     lines.append(f"{'':28} {'':16} {'':20}{devices} devices {seconds * 1e3:9.2f} ms  "
-                 f"ratio {seconds / base:5.2f}")
+                 f"ratio {seconds / base:5.2f}  {_costs(jitted, (leaves, placed_segments))}")
   return lines
 
 
@@ -129,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
   print(f"{jax.device_count()} host CPU devices on {os.cpu_count()} cores "
-        f"(devices share the cores: a ratio is the cost of the partitioned program)")
+        f"(devices share the cores: a ratio is the cost of the partitioned program); sent and "
+        f"peak are per device and call, from the compiled program")
   for name in args.impl or IMPLS:
     impl = registry.load(name)
     if not impl.available:

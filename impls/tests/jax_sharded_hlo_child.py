@@ -1,0 +1,98 @@
+"""Child of ``test_jax_sharded_hlo.py``: compiles sharded calls of the own JAX routes on 4 host
+CPU devices and prints, per case, the collectives that move leaf-sized data (JSON lines).
+
+Runs in a process of its own: JAX fixes its device count (``XLA_FLAGS``) when it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from clipbench import devices
+
+DEVICES = 4
+if "jax" not in sys.modules:
+  os.environ["XLA_FLAGS"] = devices.xla_flags_with_host_devices(os.environ.get("XLA_FLAGS", ""),
+                                                                DEVICES)
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from clipbench import hlo_collectives as collectives  # noqa: E402
+from clipbench.impls.own.jax import api  # noqa: E402
+
+# W1-like: 2-D leaves of several sizes (one system); per-system: 3-vector and 1-D leaves whose
+# sorted segments put systems across shard boundaries. Every shard of every array holds at
+# least SMALLEST_SHARD elements, far more than any per-system vector (16 systems).
+W1_SHAPES = ((1024, 64), (512, 96), (2048, 16), (256, 128))
+PER_SYSTEM_SHAPES = ((4096, 3), (8192,))
+NUM_SYSTEMS = 16
+ROUTES = {"graph": "graph", "ffi": "host"}
+OPS = ("clip_grad_norm", "clip_by_global_norm", "clip_by_max_step")
+
+
+def _mesh():
+  return jax.make_mesh((DEVICES,), ("shards",), axis_types=(AxisType.Auto,),
+                       devices=jax.devices()[:DEVICES])
+
+
+def _rows(ndim: int) -> NamedSharding:
+  return NamedSharding(_mesh(), P("shards", *([None] * (ndim - 1))))
+
+
+def _case(op: str):
+  rng = np.random.default_rng(0)
+  shapes = W1_SHAPES if op == "clip_grad_norm" else PER_SYSTEM_SHAPES
+  leaves = [jax.device_put(rng.standard_normal(s).astype(np.float32), _rows(len(s)))
+            for s in shapes]
+  if op == "clip_grad_norm":
+    return leaves, None
+  segments = [jax.device_put(np.repeat(np.arange(NUM_SYSTEMS, dtype=np.int32),
+                                       s[0] // NUM_SYSTEMS), _rows(1)) for s in shapes]
+  return leaves, segments
+
+
+def smallest_shard(leaves, segments) -> int:
+  arrays = list(leaves) + list(segments or ())
+  return min(int(np.prod(a.shape)) // DEVICES for a in arrays)
+
+
+def compiled_text(route: str, op: str) -> tuple[str, int]:
+  leaves, segments = _case(op)
+  function = getattr(api, op)
+  if route == "optax":
+    import optax  # pylint: disable=import-outside-toplevel
+    clip = optax.clip_by_global_norm(1.0)
+    jitted = jax.jit(lambda xs: clip.update(xs, clip.init(xs))[0])
+    return jitted.lower(leaves).compile().as_text(), smallest_shard(leaves, segments)
+  if segments is None:
+    jitted = jax.jit(lambda xs: function(xs, 1.0, route=route))
+    lowered = jitted.lower(leaves)
+  else:
+    jitted = jax.jit(lambda xs, gs: function(xs, 1.0, segments=gs, num_systems=NUM_SYSTEMS,
+                                             route=route))
+    lowered = jitted.lower(leaves, segments)
+  return lowered.compile().as_text(), smallest_shard(leaves, segments)
+
+
+def main() -> int:
+  for name, route in list(ROUTES.items()) + [("optax", "optax")]:
+    for op in OPS if route != "optax" else ("clip_grad_norm",):
+      text, smallest = compiled_text(route, op)
+      found = collectives.collectives(text)
+      big = collectives.leaf_sized(text, smallest)
+      print(json.dumps({"route": name, "op": op, "smallest_shard": smallest,
+                        "collectives": len(found),
+                        "leaf_sized": [[c.opcode, c.name, c.result.elements,
+                                        c.operands.elements, c.op_name[-80:]] for c in big]}),
+            flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,86 @@
+"""Does a sharded call of each own JAX route exchange per-system vectors, not leaves (issue 32)?
+
+One child process (4 host CPU devices, ``jax_sharded_hlo_child.py``) compiles, under
+``jax.jit``, each route on leaves whose rows are split over the 4 devices (``NamedSharding``):
+W1-like 2-D leaves for ``clip_grad_norm``, 3-vector and 1-D leaves with segments for the
+per-system operations. Each optimized HLO's collectives (all-gather, all-to-all,
+collective-permute, all-reduce, reduce-scatter, ...) must all be smaller than the smallest
+shard of any leaf or segment array. The near-tie branch is in the program whether or not it
+runs, so it is checked too.
+
+Today no own JAX route passes: each case is a strict expected failure that turns into a
+failure the day its route stops gathering (then drop the mark). optax's
+``clip_by_global_norm`` on the same leaves is the control that passes: a partitioned program
+whose only collective is the all-reduce of per-device partial norms.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHILD = "clipbench.impls.tests.jax_sharded_hlo_child"
+FFI_GATHERS = ("the FFI (numba) route has no partitioning rule yet: XLA all-gathers every "
+               "operand of its custom call onto every device (issue 32, part 2)")
+TIE_GATHERS = ("the graph route's near-tie fallback (impls/own/jax/exact_fallback.py) passes the "
+               "leaves' bits to a host callback under lax.cond, and the partitioned program "
+               "all-gathers them for it (issue 32, part 2)")
+
+CASES = [
+    pytest.param("optax", "clip_grad_norm"),
+    pytest.param("graph", "clip_grad_norm", marks=pytest.mark.xfail(strict=True,
+                                                                     reason=TIE_GATHERS)),
+    pytest.param("graph", "clip_by_global_norm",
+                 marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),
+    pytest.param("graph", "clip_by_max_step",
+                 marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),
+    pytest.param("ffi", "clip_grad_norm", marks=pytest.mark.xfail(strict=True,
+                                                                   reason=FFI_GATHERS)),
+    pytest.param("ffi", "clip_by_global_norm", marks=pytest.mark.xfail(strict=True,
+                                                                        reason=FFI_GATHERS)),
+    pytest.param("ffi", "clip_by_max_step", marks=pytest.mark.xfail(strict=True,
+                                                                     reason=FFI_GATHERS)),
+]
+
+
+@functools.cache
+def compiled_cases() -> dict[tuple[str, str], dict]:
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # the child sets its own device count
+  done = subprocess.run([sys.executable, "-m", CHILD], env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
+  if done.returncode != 0:
+    raise RuntimeError(f"{CHILD} exited with {done.returncode}:\n{done.stderr[-4000:]}")
+  rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+  return {(row["route"], row["op"]): row for row in rows}
+
+
+@pytest.mark.parametrize("route,op", CASES)
+def test_sharded_call_moves_no_leaf_sized_collective(route, op):
+  row = compiled_cases()[(route, op)]
+  # A partitioned program has collectives (the per-system partials): none means the parse
+  # found nothing, and the check below would pass on nothing.
+  assert row["collectives"] > 0, row
+  assert not row["leaf_sized"], (
+      f"{route} {op}: collectives of at least {row['smallest_shard']} elements (a leaf's "
+      f"shard): {row['leaf_sized']}")
+
+
+def test_the_parser_finds_a_leaf_sized_all_gather():
+  from clipbench import hlo_collectives as collectives  # pylint: disable=import-outside-toplevel
+  text = ("ENTRY %main (p: f32[64,128]) -> f32[256,128] {\n"
+          "  %p = f32[64,128]{1,0} parameter(0)\n"
+          "  ROOT %all-gather = f32[256,128]{1,0} all-gather(%p), channel_id=1, "
+          "dimensions={0}, metadata={op_name=\"xs[0]\"}\n"
+          "  %all-reduce.1 = (f64[16]{0}, s8[16]{0}) all-reduce(%a, %b), to_apply=%add\n"
+          "}\n")
+  found = collectives.collectives(text)
+  assert [(c.opcode, c.result.elements, c.operands.elements) for c in found] == [
+      ("all-gather", 256 * 128, 64 * 128), ("all-reduce", 16, 0)]
+  assert [c.name for c in collectives.leaf_sized(text, 64 * 128)] == ["all-gather"]
+  assert collectives.bytes_sent(text) == 64 * 128 * 4
