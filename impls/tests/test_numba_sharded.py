@@ -176,12 +176,10 @@ def _model(rng, dtype=np.float32):
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, 2.5, np.inf, -np.inf, 8.0])
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_clip_grad_norm_every_pass(norm_type, ranks):
-  rng = np.random.default_rng(ranks)
+def test_clip_grad_norm_every_pass(norm_type):
+  rng = np.random.default_rng(3)
   leaves = _model(rng)
-  assert_unsharded_bits("clip_grad_norm", leaves, 3.0, ranks=ranks, seed=ranks,
-                        norm_type=norm_type)
+  assert_unsharded_bits("clip_grad_norm", leaves, 3.0, ranks=3, seed=3, norm_type=norm_type)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, ml_dtypes.bfloat16])
