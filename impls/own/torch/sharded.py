@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clipbench.impls.own.torch import sharded_partials as partials
+from clipbench.impls.own.torch import branches, sharded_partials as partials
 from clipbench.impls.own.torch.sharded_partials import TRAFFIC, full_tensor, like_input
 
 
@@ -185,7 +185,8 @@ def _partial_ways(clipping: Any, leaves: Any, call: Any) -> list[str] | None:
   if not (clipping.cpu_kernels and isinstance(leaves, (list, tuple)) and leaves):
     return None
   floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-  if not all(isinstance(x, DTensor) and x.device_mesh.device_type == "cpu" and x.dtype in floats
+  # The numba route's bits: the leaves the unsharded call would hand to the numba kernels.
+  if not all(isinstance(x, DTensor) and branches.on_host(x.device) and x.dtype in floats
              for x in leaves):
     return None
   checked = set()
