@@ -171,6 +171,11 @@ def _local_segments(leaf: Any, way: str, seg: Any, offset: int, local_rows: int)
         and tuple(seg.placements) == tuple(leaf.placements) and seg.shape[:1] == leaf.shape[:1]):
       return seg.to_local()
     seg = full_tensor(seg)
+  if isinstance(seg, (list, tuple)):
+    try:
+      seg = np.asarray(seg)
+    except (TypeError, ValueError):
+      return seg  # the checks below refuse it as the unsharded call does
   if way != "rows" or not isinstance(seg, (torch.Tensor, np.ndarray)) or seg.ndim != 1 or (
       seg.shape[0] != leaf.shape[0]):
     return seg  # whole (or unusable: the checks below say so)
