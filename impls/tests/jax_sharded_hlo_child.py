@@ -6,6 +6,7 @@ Runs in a process of its own: JAX fixes its device count (``XLA_FLAGS``) when it
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -62,9 +63,19 @@ def smallest_shard(leaves, segments) -> int:
   return min(int(np.prod(a.shape)) // DEVICES for a in arrays)
 
 
+# Cases beyond one per (route, operation): name -> (operation, keyword arguments, one system).
+VARIANTS = {
+    "clip_grad_norm-pinf": ("clip_grad_norm", {"norm_type": float("inf")}, False),
+    "clip_grad_norm-p8": ("clip_grad_norm", {"norm_type": 8.0}, False),  # maxima, then sums
+    "clip_grad_norm-zero": ("clip_grad_norm", {"nonfinite": "zero"}, False),
+    "clip_by_max_step-one-system": ("clip_by_max_step", {}, True),
+}
+
+
 def compiled_text(route: str, op: str) -> tuple[str, int]:
-  leaves, segments = _case(op)
-  function = getattr(api, op)
+  op, kwargs, one_system = VARIANTS.get(op, (op, {}, False))
+  leaves, segments = _case("clip_grad_norm" if one_system else op)
+  function = functools.partial(getattr(api, op), **kwargs)
   if route == "optax":
     import optax  # pylint: disable=import-outside-toplevel
     clip = optax.clip_by_global_norm(1.0)
@@ -82,7 +93,8 @@ def compiled_text(route: str, op: str) -> tuple[str, int]:
 
 def main() -> int:
   for name, route in list(ROUTES.items()) + [("optax", "optax")]:
-    for op in OPS if route != "optax" else ("clip_grad_norm",):
+    for op in (OPS + tuple(VARIANTS)) if route == "host" else OPS if route != "optax" else (
+        "clip_grad_norm",):
       text, smallest = compiled_text(route, op)
       found = collectives.collectives(text)
       big = collectives.leaf_sized(text, smallest)

@@ -8,8 +8,12 @@ collective-permute, all-reduce, reduce-scatter, ...) must all be smaller than th
 shard of any leaf or segment array. The near-tie branch is in the program whether or not it
 runs, so it is checked too.
 
-Today no own JAX route passes: each case is a strict expected failure that turns into a
-failure the day its route stops gathering (then drop the mark). optax's
+The FFI (numba) route passes without segments, for each kind of exchange that sends block
+results (its partitioning rule, ``impls/own/jax/partitioned.py``: one all-gather of block
+results, one of exact partials under the near-tie ``lax.cond``): power sums split into
+sub-blocks (p = 2), maxima merged (p = inf), max-step. The cases that still move leaf-sized
+data are strict expected failures that turn into failures the day they stop (then drop the
+mark). optax's
 ``clip_by_global_norm`` on the same leaves is the control that passes: a partitioned program
 whose only collective is the all-reduce of per-device partial norms.
 """
@@ -25,8 +29,12 @@ import sys
 import pytest
 
 CHILD = "clipbench.impls.tests.jax_sharded_hlo_child"
-FFI_GATHERS = ("the FFI (numba) route has no partitioning rule yet: XLA all-gathers every "
-               "operand of its custom call onto every device (issue 32, part 2)")
+FFI_SEGMENTS_GATHER = ("the FFI (numba) route's partitioning rule covers calls without segments "
+                       "only: with ids the block layout, and so an exchange buffer's size, "
+                       "depends on their values (impls/own/jax/partitioned.py; issue 32)")
+WHOLE_BLOCKS = ("the scaled double-double sums (p > 6 or float64 leaves) and zero mode have "
+                "no sub-block split: a block across a shard boundary travels as its elements "
+                "(up to 32 KB per leaf and boundary; numba/sharded.py, as on torch)")
 TIE_GATHERS = ("the graph route's near-tie fallback (impls/own/jax/exact_fallback.py) passes the "
                "leaves' bits to a host callback under lax.cond, and the partitioned program "
                "all-gathers them for it (issue 32, part 2)")
@@ -39,14 +47,18 @@ CASES = [
                  marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),
     pytest.param("graph", "clip_by_max_step",
                  marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),
-    pytest.param("ffi", "clip_grad_norm", marks=pytest.mark.xfail(strict=True,
-                                                                   reason=FFI_GATHERS)),
-    pytest.param("ffi", "clip_by_global_norm", marks=pytest.mark.xfail(strict=True,
-                                                                        reason=FFI_GATHERS)),
-    pytest.param("ffi", "clip_by_max_step", marks=pytest.mark.xfail(strict=True,
-                                                                     reason=FFI_GATHERS)),
+    pytest.param("ffi", "clip_grad_norm"),
+    pytest.param("ffi", "clip_grad_norm-pinf"),
+    pytest.param("ffi", "clip_grad_norm-p8",
+                 marks=pytest.mark.xfail(strict=True, reason=WHOLE_BLOCKS)),
+    pytest.param("ffi", "clip_grad_norm-zero",
+                 marks=pytest.mark.xfail(strict=True, reason=WHOLE_BLOCKS)),
+    pytest.param("ffi", "clip_by_max_step-one-system"),
+    pytest.param("ffi", "clip_by_global_norm",
+                 marks=pytest.mark.xfail(strict=True, reason=FFI_SEGMENTS_GATHER)),
+    pytest.param("ffi", "clip_by_max_step",
+                 marks=pytest.mark.xfail(strict=True, reason=FFI_SEGMENTS_GATHER)),
 ]
-
 
 @functools.cache
 def compiled_cases() -> dict[tuple[str, str], dict]:

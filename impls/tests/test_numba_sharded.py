@@ -58,6 +58,9 @@ class Member:
   def all_gather_objects(self, value):
     return self._gather(value)
 
+  def holds_next_round(self):
+    return False
+
 
 def _split_rows(rows: int, ranks: int, rng) -> list[int]:
   """Row counts per rank, uneven, some possibly empty."""

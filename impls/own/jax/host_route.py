@@ -118,8 +118,9 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   norms_out[...] = np.asarray(norms).reshape(-1)
 
 
-def _spec(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
-          threshold: Threshold) -> CallSpec:
+def call_spec(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
+              threshold: Threshold) -> CallSpec:
+  """The :class:`CallSpec` of a traced call."""
   precise = any(np.dtype(x.dtype) == np.float64 for x in leaves)
   return CallSpec(op, float(p), nonfinite, int(num_systems),
                   tuple(tuple(int(d) for d in x.shape) for x in leaves),
@@ -129,19 +130,28 @@ def _spec(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
                   np.dtype(np.float64 if precise else np.float32))
 
 
-def traced(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
-           threshold: Threshold):
-  """(outputs, per-system norms) as one custom call (traceable; call under x64)."""
+def threshold_operands(threshold: Threshold) -> tuple:
+  """The threshold's parts as the custom call takes them (call under x64)."""
+  return (jnp.asarray(threshold.m, jnp.float64).reshape(-1),
+          jnp.asarray(threshold.e, jnp.int32).reshape(-1),
+          jnp.asarray(threshold.inf, bool).reshape(-1))
+
+
+def whole_call(spec: CallSpec, leaves, segments, m, e, inf):
+  """(outputs, per-system norms) as one custom call on whole operands (traceable)."""
   xla_ffi.register(TARGET, _execute)
-  spec = _spec(op, p, nonfinite, num_systems, leaves, segments, threshold)
   results = [jax.ShapeDtypeStruct(s, d) for s, d in zip(spec.leaf_shapes, spec.leaf_dtypes)]
   results.append(jax.ShapeDtypeStruct((spec.num_systems,), spec.norms_dtype))
   call = jax.ffi.ffi_call(TARGET, results, vmap_method="sequential")
-  out = call(jnp.asarray(_key(spec), jnp.int32), *leaves, *(segments or ()),
-             jnp.asarray(threshold.m, jnp.float64).reshape(-1),
-             jnp.asarray(threshold.e, jnp.int32).reshape(-1),
-             jnp.asarray(threshold.inf, bool).reshape(-1))
+  out = call(jnp.asarray(_key(spec), jnp.int32), *leaves, *(segments or ()), m, e, inf)
   return tuple(out[:-1]), out[-1]
+
+
+def traced(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
+           threshold: Threshold):
+  """(outputs, per-system norms) as one custom call (traceable; call under x64)."""
+  spec = call_spec(op, p, nonfinite, num_systems, leaves, segments, threshold)
+  return whole_call(spec, leaves, segments, *threshold_operands(threshold))
 
 
 def eager(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,

@@ -72,6 +72,11 @@ class Collective(Protocol):
   def all_gather_objects(self, value: Any) -> list[Any]:
     """Every rank's picklable ``value``, by rank index."""
 
+  def holds_next_round(self) -> bool:
+    """Whether every rank's payload of the next all-gather is known here already (a call
+    replayed after its exchange: JAX's partitioned custom calls); this rank's part of that
+    round then need not be computed."""
+
 
 class ShardLayout(NamedTuple):
   """How the rows of the leaves are split among the ranks (the same on every rank)."""
@@ -288,6 +293,42 @@ def _like(outputs: tuple, n: int) -> tuple:
                else np.zeros(n, o.dtype) for o in outputs)
 
 
+def _raw_bytes(units: _Units, indices: np.ndarray, rank: int, codes: np.ndarray) -> int:
+  """Bytes of ``rank``'s pieces of the units ``indices`` (``codes``: the leaves' dtypes)."""
+  pieces = units.pieces_of(rank)
+  pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
+  return int((units.piece_length[pieces] * ITEMSIZE[codes[units.units.leaf[units.piece_unit[
+      pieces]]]]).sum())
+
+
+PASS_KINDS = ("merge", "split", "whole")
+
+
+def exchange_bytes(shards: ShardLayout, layout: LeafLayout, by_vectors: bool, width: int,
+                   kind: str) -> np.ndarray:
+  """Bytes each rank hands to the all-gather of one pass (:meth:`ShardedBlocks.run`), from the
+  layout alone: ``kind`` "merge" (a ``merge`` pass), "split" (a ``split`` pass) or "whole"
+  (neither), ``width`` the bytes of one block's results. What a static buffer must hold
+  (JAX's partitioned call, :mod:`clipbench.impls.own.jax.partitioned`)."""
+  if kind not in PASS_KINDS:
+    raise ValueError(f"kind: expected one of {PASS_KINDS}, got {kind!r}")
+  plan = _plan(shards, layout, by_vectors)
+  ranks = shards.counts.shape[0]
+  straddling = np.flatnonzero(plan.owner == STRADDLES)
+  out = np.array([plan.owned_by(g).size * width for g in range(ranks)], dtype=np.int64)
+  if kind == "merge":
+    out += [plan.pieces_of(g).size * width for g in range(ranks)]
+  elif kind == "whole":
+    out += [_raw_bytes(plan, straddling, g, layout.codes) for g in range(ranks)]
+  else:
+    short = plan.units.length[straddling] < SHORT
+    subs, _ = _split(plan, straddling[~short])
+    across = np.flatnonzero(subs.owner == STRADDLES)
+    out += [_raw_bytes(plan, straddling[short], g, layout.codes) + subs.owned_by(g).size * 9
+            + _raw_bytes(subs, across, g, layout.codes) for g in range(ranks)]
+  return out
+
+
 class _Assembled(NamedTuple):
   """Straddling units made whole on this rank: extra leaves after its own, one per unit."""
 
@@ -328,10 +369,7 @@ class ShardedBlocks:
     return ITEMSIZE[self.layout.codes[units.units.leaf[units.piece_unit[pieces]]]]
 
   def _raw_size(self, units: _Units, indices: np.ndarray, rank: int) -> int:
-    """Bytes of ``rank``'s pieces of the units ``indices``."""
-    pieces = units.pieces_of(rank)
-    pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
-    return int((units.piece_length[pieces] * self._itemsize(units, pieces)).sum())
+    return _raw_bytes(units, indices, rank, self.layout.codes)
 
   def _raw(self, units: _Units, indices: np.ndarray) -> np.ndarray:
     """This rank's pieces of the units ``indices``, concatenated in piece order."""
@@ -410,7 +448,11 @@ class ShardedBlocks:
     plan = self._plan_of(by_vectors)
     me, ranks = self.collective.rank, self.collective.size
     targets = _fields(outputs)
-    here = np.flatnonzero((plan.owner == me) | (plan.owner == EVERY_RANK))
+    # A replayed round receives this rank's results with the others': only replicated leaves
+    # are reduced here.
+    replayed = self.collective.holds_next_round()
+    here = np.flatnonzero((plan.owner == EVERY_RANK) if replayed else
+                          (plan.owner == me) | (plan.owner == EVERY_RANK))
     for target, values in zip(targets, self._reduce(kernel, outputs, plan, here, args)):
       target[here] = values
     owned = [plan.owned_by(g) for g in range(ranks)]
@@ -420,7 +462,7 @@ class ShardedBlocks:
     if merge is not None:
       piece_fields = _like(outputs, plan.piece_unit.size)
       my_pieces = plan.pieces_of(me)
-      if my_pieces.size:
+      if my_pieces.size and not replayed:
         u = plan.units
         blocks = Blocks(u.leaf[plan.piece_unit[my_pieces]], u.system[plan.piece_unit[my_pieces]],
                         plan.piece_start[my_pieces], plan.piece_length[my_pieces])
@@ -448,33 +490,37 @@ class ShardedBlocks:
         size += sub_owned[g].size * 9 + self._raw_size(subs, sub_straddling, g)
       return size
 
-    mine = [np.ascontiguousarray(t[owned[me]]).view(np.uint8) for t in targets]
-    if merge is not None:
-      mine += [np.ascontiguousarray(f[my_pieces]).view(np.uint8) for f in _fields(piece_fields)]
-    if assemble:
-      mine.append(self._raw(plan, whole))
-    if split is not None:
-      for field, values in zip(sub_fields, self._reduce(split, sub_fields, subs, sub_owned[me],
-                                                        args)):
-        field[sub_owned[me]] = values
-      mine += [sub_fields[0][sub_owned[me]].view(np.uint8),
-               sub_fields[1][sub_owned[me]].view(np.uint8), self._raw(subs, sub_straddling)]
+    mine = []
+    if not replayed:
+      mine = [np.ascontiguousarray(t[owned[me]]).view(np.uint8) for t in targets]
+      if merge is not None:
+        mine += [np.ascontiguousarray(f[my_pieces]).view(np.uint8)
+                 for f in _fields(piece_fields)]
+      if assemble:
+        mine.append(self._raw(plan, whole))
+      if split is not None:
+        for field, values in zip(sub_fields, self._reduce(split, sub_fields, subs,
+                                                          sub_owned[me], args)):
+          field[sub_owned[me]] = values
+        mine += [sub_fields[0][sub_owned[me]].view(np.uint8),
+                 sub_fields[1][sub_owned[me]].view(np.uint8), self._raw(subs, sub_straddling)]
     received = self.collective.all_gather_bytes(
         np.concatenate(mine) if mine else np.zeros(0, np.uint8),
         [size_of(g) for g in range(ranks)])
     raw_whole, raw_subs = [], []
     for g, payload in enumerate(received):
+      theirs_too = g != me or replayed  # this rank's own results are already in place
       cursor = 0
       for target in targets:
         n = owned[g].size * target.dtype.itemsize
-        if g != me:
+        if theirs_too:
           target[owned[g]] = payload[cursor:cursor + n].view(target.dtype)
         cursor += n
       if merge is not None:
         theirs = plan.pieces_of(g)
         for field in _fields(piece_fields):
           n = theirs.size * field.dtype.itemsize
-          if g != me:
+          if theirs_too:
             field[theirs] = payload[cursor:cursor + n].view(field.dtype)
           cursor += n
       if assemble:
@@ -484,10 +530,10 @@ class ShardedBlocks:
       if split is not None:
         for field in sub_fields:
           n = sub_owned[g].size * field.dtype.itemsize
-          if g != me:
+          if theirs_too:
             field[sub_owned[g]] = payload[cursor:cursor + n].view(field.dtype)
           cursor += n
-        raw_subs.append(payload[cursor:])
+        raw_subs.append(payload[cursor:size_of(g)])
     if assemble:
       self._assembled[key] = self._assemble(plan, whole, raw_whole)
     done = self._assembled[key]

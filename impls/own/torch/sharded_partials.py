@@ -98,6 +98,9 @@ class GlooCollective:
     dist.all_gather_object(every, value, group=self.group)
     return every
 
+  def holds_next_round(self) -> bool:
+    return False
+
   def all_gather_layout(self, header: np.ndarray, counts: np.ndarray):
     """Every rank's int64 ``header`` and int32 ``counts`` (equally long on every rank), as
     (headers, counts) with rows by rank: one all-gather."""

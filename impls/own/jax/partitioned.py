@@ -1,0 +1,385 @@
+"""The FFI route's partitioning rule: a sharded call exchanges block results, not leaves.
+
+XLA's SPMD partitioner does not partition a custom call: without a rule it gathers every
+operand of :func:`.host_route.whole_call` onto every device, and every device clips the whole
+model (SPEC rule 14 holds, at the cost of an all-gather of the model). With the rule below,
+each device of the mesh clips its own rows, and the devices exchange what the numba kernels'
+sharded route exchanges (:mod:`clipbench.impls.own.numba.sharded`): per-block results in the
+unsharded fold order, and the elements of the few sub-blocks that straddle a shard boundary.
+The bits are the unsharded call's.
+
+Per device, the partitioned program is:
+
+1. one custom call per exchange round before the decision (one; two for float64 leaves or
+   p > 6, whose maxima come first): the device's rows reduced, its part of the round written
+   into a static buffer;
+2. an ``all_gather`` of that buffer over the mesh axis the rows are split on;
+3. a custom call that folds every device's block results in the unsharded order, decides and
+   scales the device's own rows into XLA's result buffers;
+4. under ``lax.cond``, only when some system is a near-tie: an ``all_gather`` of the device's
+   exact partials of the flagged systems (a rational power sum, a maximum, a sign: at most a
+   few KB) and the same custom call again, deciding the tie exactly.
+
+The numba code runs as one ordinary call of the sharded route in each custom call: a call
+*replays* the rounds already gathered (its collective returns them, and the device's own part
+of them is not recomputed) and stops at the first round it has no data for, handing its own
+part of it to XLA (:class:`_Rounds`). Buffers are static, so their sizes come from the layout
+alone: :func:`clipbench.impls.own.numba.sharded.exchange_bytes` per pass, and a bound on the
+size of an exact partial for the tie round.
+
+Where it applies: global clipping (``clip_grad_norm``, and the per-system operations without
+segments: one system) for p an integer, +-inf, and max-step. Leaves whose rows are split over
+one mesh axis (``P(axis, None, ...)``; uneven splits and empty shards included) keep their
+placement; other leaves are made whole on every device (XLA gathers them) and read as
+replicated. Still the whole call on every device (no rule, XLA gathers every operand):
+
+* segments (per-system calls): the block layout depends on the ids, so the buffers have no
+  static bound short of the rows;
+* a non-integer p: its exact tie test needs the flagged systems' elements;
+* ``jax.vmap`` (custom partitioning has no batching rule: the batched call is the whole one).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pickle
+import threading
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from clipbench.impls.own.jax import host_route, xla_ffi
+from clipbench.impls.own.jax.config import Threshold
+from clipbench.impls.own.numba import sharded
+from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
+from clipbench.impls.own.numba.layout import LeafLayout, leaf_layout_of
+from clipbench.impls.own.numba.segments import NO_SEGMENTS
+
+TARGET = "clipbench_numba_sharded"
+_HEADER = 8  # int64 byte count at the head of every exchanged buffer
+# (largest exponent + 1, smallest subnormal exponent, significand bits) of m * 2**e magnitudes.
+_RANGE = {np.dtype(np.float16): (16, -24, 11), np.dtype(np.float32): (128, -149, 24),
+          np.dtype(np.float64): (1024, -1074, 53)}
+_BF16_RANGE = (128, -133, 8)
+
+
+class Exchange(NamedTuple):
+  """One all-gather of a pass (:meth:`clipbench.impls.own.numba.sharded.ShardedBlocks.run`)."""
+
+  by_vectors: bool
+  width: int  # bytes of one block's results
+  kind: str  # sharded.PASS_KINDS
+
+
+def exchanges(spec: host_route.CallSpec) -> list[Exchange]:
+  """The exchanges before the decision, in order, as ``numba.general``'s passes make them."""
+  f64 = any(d == np.float64 for d in spec.leaf_dtypes)
+  if spec.op == "clip_by_max_step":
+    return [Exchange(True, 25, "merge")]  # StepMaxima: k, hi, lo, flags
+  if math.isinf(spec.p):
+    return [Exchange(False, 9, "merge")]  # extremes: value, flags
+  if not f64 and spec.p <= 6.0:
+    return [Exchange(False, 9, "whole" if spec.nonfinite == "zero" else "split")]
+  return [Exchange(False, 9, "merge"), Exchange(False, 16, "whole")]  # maxima, then hi/lo
+
+
+def applies(spec: host_route.CallSpec) -> bool:
+  """Whether a sharded call of ``spec`` can exchange partials (else the whole call)."""
+  if spec.has_segments:
+    return False
+  if spec.op == "clip_by_max_step" or math.isinf(spec.p):
+    return True
+  return float(spec.p).is_integer() and spec.p >= 1
+
+
+def tie_bytes(spec: host_route.CallSpec) -> int:
+  """A bound on the pickled exact partial of one system (:func:`sharded._tie_partial`): a
+  power sum of magnitudes m * 2**e is an integer over 2**(p |e_min|) below n 2**(p (e_max -
+  e_min)), at most 2**64 elements; a maximum is one such term; a sign is an int."""
+  if spec.op == "clip_by_max_step":
+    return 256
+  top, bottom, _ = max((_BF16_RANGE if d.name == "bfloat16" else _RANGE[d]
+                        for d in spec.leaf_dtypes), key=lambda r: r[0] - r[1])
+  power = 1 if math.isinf(spec.p) else int(spec.p)
+  bits = power * (top - bottom) + 64 + power * -bottom
+  return math.ceil(bits * math.log10(2)) + bits // 8 + 512  # decimal or binary, with framing
+
+
+class Stage(NamedTuple):
+  """One custom call of a partitioned call, looked up by the key it carries."""
+
+  spec: host_route.CallSpec
+  layout: LeafLayout  # the whole leaves
+  shards: sharded.ShardLayout
+  local_shapes: tuple  # each leaf's buffer on a device (uneven splits padded)
+  known: tuple  # sizes of the gathered buffers this call receives, by round
+  record: int  # size of the buffer it hands back (its part of the next round)
+  finishes: bool  # writes the outputs and norms (else only its part of a round)
+
+
+class Counts:
+  """Custom calls of partitioned calls in this process, by what they handed to XLA (each
+  device's call counts once): observable proof that a call exchanged, and settled a tie."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self.rounds = 0  # parts of a round before the decision
+    self.ties = 0  # parts of a near-tie round
+    self.finished = 0  # outputs written
+
+  def add(self, what: str) -> None:
+    with self._lock:
+      setattr(self, what, getattr(self, what) + 1)
+
+
+COUNTS = Counts()
+_STAGES: list[Stage] = []
+_STAGES_LOCK = threading.Lock()
+
+
+def _stage_key(stage: Stage) -> int:
+  with _STAGES_LOCK:
+    _STAGES.append(stage)
+    return len(_STAGES) - 1
+
+
+class _Recorded(Exception):
+  """Raised out of the sharded route at the first exchange this call has no data for."""
+
+  def __init__(self, payload: np.ndarray):
+    super().__init__("exchange recorded")
+    self.payload = payload
+
+
+class _Rounds:
+  """A :class:`clipbench.impls.own.numba.sharded.Collective` over rounds XLA gathered before
+  this custom call ran; the next one is recorded (:class:`_Recorded`) for XLA to gather."""
+
+  def __init__(self, rank: int, size: int, known: list[np.ndarray]):
+    self.rank, self.size = rank, size
+    self._known = known  # (size, bytes) uint8 per round, each row headed by its length
+    self._next = 0
+
+  def holds_next_round(self) -> bool:
+    return self._next < len(self._known)
+
+  def _received(self) -> list[np.ndarray]:
+    rows = self._known[self._next]
+    self._next += 1
+    lengths = rows[:, :_HEADER].copy().view(np.int64).reshape(-1)
+    return [rows[g, _HEADER:_HEADER + int(n)] for g, n in enumerate(lengths)]
+
+  def all_gather_bytes(self, payload: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    if not self.holds_next_round():
+      raise _Recorded(payload)
+    every = self._received()
+    if [x.size for x in every] != list(sizes):
+      raise RuntimeError(f"a replayed exchange holds {[x.size for x in every]} bytes per "
+                         f"rank, the layout says {list(sizes)}")
+    return every
+
+  def all_gather_objects(self, value: Any) -> list[Any]:
+    if not self.holds_next_round():
+      raise _Recorded(np.frombuffer(pickle.dumps(value), np.uint8))
+    return [pickle.loads(x.tobytes()) for x in self._received()]
+
+
+def _write_round(address: int, size: int, payload: np.ndarray) -> None:
+  out = array_at(address, (size,), np.dtype(np.uint8), False)
+  if payload.size > size - _HEADER:
+    raise RuntimeError(f"an exchange of {payload.size} bytes exceeds its static buffer of "
+                       f"{size - _HEADER} (a bound in clipbench.impls.own.jax.partitioned)")
+  out[:_HEADER] = np.array([payload.size], np.int64).view(np.uint8)
+  out[_HEADER:_HEADER + payload.size] = payload
+  out[_HEADER + payload.size:] = 0
+
+
+def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
+  """The body of every stage: operands (rank, local leaves, threshold parts, gathered rounds)
+  in place; results (the next round's buffer, or outputs, norms, a tie flag and the tie
+  round's buffer) filled."""
+  stage = _STAGES[key]
+  spec, nl = stage.spec, len(stage.local_shapes)
+  rank = int(array_at(int(args[0]), (), np.dtype(np.int32), True))
+  held = stage.shards.counts[rank, :, 0]
+  shapes = [(int(n),) + s[1:] if s else s for n, s in zip(held, stage.local_shapes)]
+  leaves = list(LeavesAt(args[1:1 + nl], tuple(shapes), spec.leaf_dtypes, True))
+  t = spec.threshold_size
+  m, e, inf = (array_at(int(a), (t,), np.dtype(d), True)
+               for a, d in zip(args[1 + nl:4 + nl], (np.float64, np.int32, np.bool_)))
+  c = host_route.threshold_values(m, e, inf)
+  c = np.where(np.isnan(c) | (c < 0), 0.0, c).reshape(-1)[:1]  # one system
+  known = [array_at(int(a), (stage.shards.counts.shape[0], n), np.dtype(np.uint8), True)
+           for a, n in zip(args[4 + nl:], stage.known)]
+  rounds = _Rounds(rank, stage.shards.counts.shape[0], known)
+  run = functools.partial(sharded.run, leaves, stage.layout, c, NO_SEGMENTS, stage.shards,
+                          rounds, spec.p, spec.nonfinite, step=spec.op == "clip_by_max_step")
+  if not stage.finishes:
+    try:
+      run()
+    except _Recorded as recorded:
+      _write_round(int(rets[0]), stage.record, recorded.payload)
+      COUNTS.add("rounds")
+      return
+    raise RuntimeError("the sharded route finished before its exchange")
+  for i, (s, full, d) in enumerate(zip(shapes, stage.local_shapes, spec.leaf_dtypes)):
+    if s != full:  # rows XLA pads an uneven shard with: zeros, never read back
+      array_at(int(rets[i]), full, d, False)[s[0]:] = 0
+  need = array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)
+  try:
+    with writing_into(LeavesAt(rets[:nl], tuple(shapes), spec.leaf_dtypes, False)):
+      _, norms = run()
+  except _Recorded as recorded:
+    need[...] = 1
+    _write_round(int(rets[nl + 2]), stage.record, recorded.payload)
+    COUNTS.add("ties")
+    return
+  need[...] = 0
+  COUNTS.add("finished")
+  array_at(int(rets[nl]), (1,), spec.norms_dtype, False)[...] = np.asarray(norms).reshape(-1)
+  if stage.record:
+    _write_round(int(rets[nl + 2]), stage.record, np.zeros(0, np.uint8))
+
+
+def _rows_axis(sharding: Any, ndim: int) -> str | None:
+  """The mesh axis a leaf's rows are split on, when that is its only split."""
+  spec = getattr(sharding, "spec", None)
+  if spec is None or ndim == 0 or len(spec) == 0:
+    return None
+  first = spec[0]
+  if isinstance(first, tuple):
+    first = first[0] if len(first) == 1 else None
+  if not isinstance(first, str) or any(s is not None for s in spec[1:]):
+    return None
+  return first if sharding.mesh.shape[first] > 1 else None
+
+
+def _shard_rows(rows: int, ranks: int) -> list[int]:
+  """Rows of each device along an axis of ``ranks`` devices, as XLA tiles them:
+  ``ceil(rows / ranks)`` per device, the last ones short or empty."""
+  tile = -(-rows // ranks)
+  return [max(0, min(tile, rows - g * tile)) for g in range(ranks)]
+
+
+def _call(stage: Stage, results: list, rank, leaves, m, e, inf, gathered):
+  return jax.ffi.ffi_call(TARGET, results)(jnp.full((), _stage_key(stage), jnp.int32), rank,
+                                           *leaves, m, e, inf, *gathered)
+
+
+def _lower(spec: host_route.CallSpec, layout: LeafLayout, shards: sharded.ShardLayout,
+           local_shapes: tuple, axis: str, bounds: list[int], tie: int):
+  """The per-device program (see the module docstring)."""
+  u8 = lambda n: jax.ShapeDtypeStruct((n,), jnp.uint8)
+  outs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(local_shapes, spec.leaf_dtypes)]
+  finish = outs + [jax.ShapeDtypeStruct((1,), spec.norms_dtype),
+                   jax.ShapeDtypeStruct((), jnp.int32), u8(tie)]
+  stage = functools.partial(Stage, spec, layout, shards, local_shapes)
+
+  def lower(m, e, inf, *leaves):
+    with jax.enable_x64(True):
+      rank = lax.axis_index(axis).astype(jnp.int32)
+      gathered: list = []
+      for r, size in enumerate(bounds):
+        (part,) = _call(stage(tuple(bounds[:r]), size, False), [u8(size)], rank, leaves, m, e,
+                        inf, gathered)
+        gathered.append(lax.all_gather(part, axis))
+      result = _call(stage(tuple(bounds), tie, True), finish, rank, leaves, m, e, inf, gathered)
+      nl = len(leaves)
+      done = (tuple(result[:nl]), result[nl])
+
+      def settle_ties():
+        every = lax.all_gather(result[nl + 2], axis)
+        again = _call(stage(tuple(bounds) + (tie,), 0, True), finish[:-1], rank, leaves, m, e,
+                      inf, gathered + [every])
+        return tuple(again[:nl]), again[nl]
+
+      return lax.cond(result[nl + 1] != 0, settle_ties, lambda: done)
+
+  return lower
+
+
+def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
+  del result_shape
+  leaf_shapes = arg_shapes[3:]
+  axes = [_rows_axis(a.sharding, len(a.shape)) for a in leaf_shapes]
+  axis = next((a for a in axes if a is not None), None)
+  whole = NamedSharding(mesh, P())
+  leaf_shardings = tuple(NamedSharding(mesh, P(axis, *[None] * (len(a.shape) - 1)))
+                         if a_axis == axis and axis is not None else whole
+                         for a, a_axis in zip(leaf_shapes, axes))
+  arg_shardings = (whole,) * 3 + leaf_shardings
+  result_shardings = (leaf_shardings, whole)
+  if axis is None:  # every leaf whole on every device: the whole call, nothing to exchange
+    return mesh, functools.partial(_whole, spec), result_shardings, arg_shardings
+  ranks = mesh.shape[axis]
+  split = np.array([s is not whole for s in leaf_shardings])
+  rows = [s[0] if s else 1 for s in spec.leaf_shapes]
+  counts = np.array([[_shard_rows(n, ranks)[g] if cut else n for n, cut in zip(rows, split)]
+                     for g in range(ranks)], dtype=np.int64)[:, :, None]
+  shards = sharded.ShardLayout(counts, np.tile(np.arange(ranks, dtype=np.int64),
+                                               (len(rows), 1)), ~split)
+  layout = leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes))
+  local_shapes = tuple((-(-s[0] // ranks),) + s[1:] if cut else s
+                       for s, cut in zip(spec.leaf_shapes, split))
+  bounds = [int(sharded.exchange_bytes(shards, layout, x.by_vectors, x.width, x.kind).max())
+            + _HEADER for x in exchanges(spec)]
+  lower = _lower(spec, layout, shards, local_shapes, axis, bounds, tie_bytes(spec) + _HEADER)
+  return mesh, lower, result_shardings, arg_shardings
+
+
+def _infer(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
+  return _partition(spec, mesh, arg_shapes, result_shape)[2]
+
+
+def _whole(spec: host_route.CallSpec, m, e, inf, *leaves):
+  with jax.enable_x64(True):
+    return host_route.whole_call(spec, leaves, None, m, e, inf)
+
+
+def _rule(spec: host_route.CallSpec) -> str:
+  """Shardy's rule: every leaf's dimensions pass through to its output; the threshold's parts
+  and the norms are per-system vectors."""
+  dims = ", ".join(" ".join(f"l{i}d{j}" for j in range(len(s)))
+                   for i, s in enumerate(spec.leaf_shapes))
+  return f"t, t, t, {dims} -> {dims}, s"
+
+
+@functools.cache
+def _partitioned(spec: host_route.CallSpec):
+  """The call of ``spec`` with its partitioning rule, and the whole call under ``jax.vmap``."""
+  whole = functools.partial(_whole, spec)
+  call = custom_partitioning(whole)
+  call.def_partition(partition=functools.partial(_partition, spec),
+                     infer_sharding_from_operands=functools.partial(_infer, spec),
+                     propagate_user_sharding=None, sharding_rule=_rule(spec))
+
+  @jax.custom_batching.custom_vmap
+  def batchable(m, e, inf, *leaves):
+    return call(m, e, inf, *leaves)
+
+  @batchable.def_vmap
+  def _batched(axis_size, in_batched, *operands):
+    operands = [x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                for x, b in zip(operands, in_batched)]
+    out = jax.vmap(whole)(*operands)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return batchable
+
+
+def traced(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
+           threshold: Threshold):
+  """(outputs, per-system norms) of a traced call: partitioned where :func:`applies`, else
+  :func:`.host_route.traced` (call under x64)."""
+  spec = host_route.call_spec(op, p, nonfinite, num_systems, leaves, segments, threshold)
+  if not applies(spec) or not leaves:
+    return host_route.traced(op, p, nonfinite, num_systems, leaves, segments, threshold)
+  xla_ffi.register(TARGET, _execute)
+  return _partitioned(spec)(*host_route.threshold_operands(threshold), *leaves)
