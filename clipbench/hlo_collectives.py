@@ -91,9 +91,9 @@ def bytes_sent(hlo_text: str) -> int:
   return sum(c.operands.nbytes for c in collectives(hlo_text))
 
 
-def leaf_sized(hlo_text: str, smallest_shard: int) -> list[Collective]:
-  """The collectives whose operand or result holds at least ``smallest_shard`` elements (the
-  smallest shard of any leaf or segment array): what moves leaves rather than per-system
-  vectors."""
+def leaf_sized(hlo_text: str, smallest_shard_bytes: int) -> list[Collective]:
+  """The collectives whose operand or result holds at least ``smallest_shard_bytes`` bytes
+  (the smallest shard of any leaf or segment array): what moves leaves rather than per-system
+  vectors. Bytes, not elements: an exchange of packed block results is a uint8 buffer."""
   return [c for c in collectives(hlo_text)
-          if max(c.result.elements, c.operands.elements) >= smallest_shard]
+          if max(c.result.nbytes, c.operands.nbytes) >= smallest_shard_bytes]

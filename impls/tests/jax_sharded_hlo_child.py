@@ -29,9 +29,10 @@ from clipbench.impls.own.jax import api  # noqa: E402
 
 # W1-like: 2-D leaves of several sizes (one system); per-system: 3-vector and 1-D leaves whose
 # sorted segments put systems across shard boundaries. Every shard of every array holds at
-# least SMALLEST_SHARD elements, far more than any per-system vector (16 systems).
+# least 16 KB, far more than any per-system vector (16 systems) or an exchange of a few
+# flagged systems' exact partials.
 W1_SHAPES = ((1024, 64), (512, 96), (2048, 16), (256, 128))
-PER_SYSTEM_SHAPES = ((4096, 3), (8192,))
+PER_SYSTEM_SHAPES = ((16384, 3), (32768,))
 NUM_SYSTEMS = 16
 ROUTES = {"graph": "graph", "ffi": "host"}
 OPS = ("clip_grad_norm", "clip_by_global_norm", "clip_by_max_step")
@@ -59,8 +60,9 @@ def _case(op: str):
 
 
 def smallest_shard(leaves, segments) -> int:
+  """Bytes of the smallest shard of any leaf or segment array."""
   arrays = list(leaves) + list(segments or ())
-  return min(int(np.prod(a.shape)) // DEVICES for a in arrays)
+  return min(int(np.prod(a.shape)) * a.dtype.itemsize // DEVICES for a in arrays)
 
 
 # Cases beyond one per (route, operation): name -> (operation, keyword arguments, one system).
@@ -100,8 +102,8 @@ def main() -> int:
       big = collectives.leaf_sized(text, smallest)
       print(json.dumps({"route": name, "op": op, "smallest_shard": smallest,
                         "collectives": len(found),
-                        "leaf_sized": [[c.opcode, c.name, c.result.elements,
-                                        c.operands.elements, c.op_name[-80:]] for c in big]}),
+                        "leaf_sized": [[c.opcode, c.name, c.result.nbytes,
+                                        c.operands.nbytes, c.op_name[-80:]] for c in big]}),
             flush=True)
   return 0
 

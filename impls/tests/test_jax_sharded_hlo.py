@@ -4,8 +4,8 @@ One child process (4 host CPU devices, ``jax_sharded_hlo_child.py``) compiles, u
 ``jax.jit``, each route on leaves whose rows are split over the 4 devices (``NamedSharding``):
 W1-like 2-D leaves for ``clip_grad_norm``, 3-vector and 1-D leaves with segments for the
 per-system operations. Each optimized HLO's collectives (all-gather, all-to-all,
-collective-permute, all-reduce, reduce-scatter, ...) must all be smaller than the smallest
-shard of any leaf or segment array. The near-tie branch is in the program whether or not it
+collective-permute, all-reduce, reduce-scatter, ...) must all be smaller, in bytes, than the
+smallest shard of any leaf or segment array. The near-tie branch is in the program whether or not it
 runs, so it is checked too.
 
 The FFI (numba) route passes without segments, for each kind of exchange that sends block
@@ -37,7 +37,9 @@ WHOLE_BLOCKS = ("the scaled double-double sums (p > 6 or float64 leaves) and zer
                 "(up to 32 KB per leaf and boundary; numba/sharded.py, as on torch)")
 TIE_GATHERS = ("the graph route's near-tie fallback (impls/own/jax/exact_fallback.py) passes the "
                "leaves' bits to a host callback under lax.cond, and the partitioned program "
-               "all-gathers them for it (issue 32, part 2)")
+               "all-gathers them for it. A partitioning rule cannot run the callback per "
+               "device: JAX lowers a custom partitioning's program in a module of its own, "
+               "whose host callbacks the executable never registers (issue 32, part 2)")
 
 CASES = [
     pytest.param("optax", "clip_grad_norm"),
@@ -79,7 +81,7 @@ def test_sharded_call_moves_no_leaf_sized_collective(route, op):
   # found nothing, and the check below would pass on nothing.
   assert row["collectives"] > 0, row
   assert not row["leaf_sized"], (
-      f"{route} {op}: collectives of at least {row['smallest_shard']} elements (a leaf's "
+      f"{route} {op}: collectives of at least {row['smallest_shard']} bytes (a leaf's "
       f"shard): {row['leaf_sized']}")
 
 
@@ -94,5 +96,6 @@ def test_the_parser_finds_a_leaf_sized_all_gather():
   found = collectives.collectives(text)
   assert [(c.opcode, c.result.elements, c.operands.elements) for c in found] == [
       ("all-gather", 256 * 128, 64 * 128), ("all-reduce", 16, 0)]
-  assert [c.name for c in collectives.leaf_sized(text, 64 * 128)] == ["all-gather"]
+  assert [c.name for c in collectives.leaf_sized(text, 64 * 128 * 4)] == ["all-gather"]
+  assert collectives.leaf_sized(text, 256 * 128 * 4 + 1) == []
   assert collectives.bytes_sent(text) == 64 * 128 * 4

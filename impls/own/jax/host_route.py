@@ -12,9 +12,11 @@ killed long relaxations whose batch shrinks as systems converge. On this route:
 * a traced call becomes one custom call whose results XLA allocates and the kernels fill
   (:mod:`.xla_ffi`), so inside a user's ``jax.jit`` clipping costs what the kernels cost;
 * the bits are the numba kernels' (exact decisions, batch-invariant by their fixed block
-  order), the same whether the call is traced or not. XLA's SPMD partitioner does not
-  partition a custom call: sharded operands are gathered and every device runs the whole
-  call, so sharded and unsharded calls give the same bits (SPEC rule 14).
+  order), the same whether the call is traced or not. A sharded call without segments is
+  partitioned (:mod:`.partitioned`: each device clips its rows from exchanged block results);
+  elsewhere XLA's SPMD partitioner, which does not partition a custom call without a rule,
+  gathers the operands and every device runs the whole call. Either way sharded and unsharded
+  calls give the same bits (SPEC rule 14).
 
 Other backends keep the XLA graph (:mod:`.forward`), which is also registered on the CPU as
 ``clipbench.jax-xla`` so that it stays under test.

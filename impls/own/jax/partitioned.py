@@ -55,7 +55,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from clipbench.impls.own.jax import host_route, xla_ffi
+from clipbench.impls.own.jax import host_route, mesh_rows, xla_ffi
 from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import sharded
 from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
@@ -99,17 +99,19 @@ def applies(spec: host_route.CallSpec) -> bool:
   return float(spec.p).is_integer() and spec.p >= 1
 
 
-def tie_bytes(spec: host_route.CallSpec) -> int:
-  """A bound on the pickled exact partial of one system (:func:`sharded._tie_partial`): a
-  power sum of magnitudes m * 2**e is an integer over 2**(p |e_min|) below n 2**(p (e_max -
-  e_min)), at most 2**64 elements; a maximum is one such term; a sign is an int."""
-  if spec.op == "clip_by_max_step":
-    return 256
-  top, bottom, _ = max((_BF16_RANGE if d.name == "bfloat16" else _RANGE[d]
-                        for d in spec.leaf_dtypes), key=lambda r: r[0] - r[1])
-  power = 1 if math.isinf(spec.p) else int(spec.p)
+def tie_bytes(dtypes: tuple, p: float, step: bool) -> int:
+  """A bound on the pickled exact partial of one system (:func:`sharded.tie_partial`) over
+  leaves of ``dtypes``: a power sum of magnitudes m * 2**e is an integer over
+  2**(p |e_min|) below n 2**(p (e_max - e_min)), at most 2**64 elements; a maximum is one
+  such term; a sign is an int. A ``Fraction`` pickles as its decimal string; 96 bytes
+  frame it, its element count and its place in a list."""
+  if step:
+    return 96
+  top, bottom, _ = max((_BF16_RANGE if np.dtype(d).name == "bfloat16" else _RANGE[np.dtype(d)]
+                        for d in dtypes), key=lambda r: r[0] - r[1])
+  power = 1 if math.isinf(p) else int(p)
   bits = power * (top - bottom) + 64 + power * -bottom
-  return math.ceil(bits * math.log10(2)) + bits // 8 + 512  # decimal or binary, with framing
+  return math.ceil(bits * math.log10(2)) + 96
 
 
 class Stage(NamedTuple):
@@ -248,26 +250,6 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
     _write_round(int(rets[nl + 2]), stage.record, np.zeros(0, np.uint8))
 
 
-def _rows_axis(sharding: Any, ndim: int) -> str | None:
-  """The mesh axis a leaf's rows are split on, when that is its only split."""
-  spec = getattr(sharding, "spec", None)
-  if spec is None or ndim == 0 or len(spec) == 0:
-    return None
-  first = spec[0]
-  if isinstance(first, tuple):
-    first = first[0] if len(first) == 1 else None
-  if not isinstance(first, str) or any(s is not None for s in spec[1:]):
-    return None
-  return first if sharding.mesh.shape[first] > 1 else None
-
-
-def _shard_rows(rows: int, ranks: int) -> list[int]:
-  """Rows of each device along an axis of ``ranks`` devices, as XLA tiles them:
-  ``ceil(rows / ranks)`` per device, the last ones short or empty."""
-  tile = -(-rows // ranks)
-  return [max(0, min(tile, rows - g * tile)) for g in range(ranks)]
-
-
 def _call(stage: Stage, results: list, rank, leaves, m, e, inf, gathered):
   return jax.ffi.ffi_call(TARGET, results)(jnp.full((), _stage_key(stage), jnp.int32), rank,
                                            *leaves, m, e, inf, *gathered)
@@ -307,30 +289,27 @@ def _lower(spec: host_route.CallSpec, layout: LeafLayout, shards: sharded.ShardL
 
 def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   del result_shape
-  leaf_shapes = arg_shapes[3:]
-  axes = [_rows_axis(a.sharding, len(a.shape)) for a in leaf_shapes]
-  axis = next((a for a in axes if a is not None), None)
   whole = NamedSharding(mesh, P())
-  leaf_shardings = tuple(NamedSharding(mesh, P(axis, *[None] * (len(a.shape) - 1)))
-                         if a_axis == axis and axis is not None else whole
-                         for a, a_axis in zip(leaf_shapes, axes))
+  axis, leaf_shardings = mesh_rows.placements(mesh, arg_shapes[3:])
   arg_shardings = (whole,) * 3 + leaf_shardings
   result_shardings = (leaf_shardings, whole)
   if axis is None:  # every leaf whole on every device: the whole call, nothing to exchange
     return mesh, functools.partial(_whole, spec), result_shardings, arg_shardings
   ranks = mesh.shape[axis]
-  split = np.array([s is not whole for s in leaf_shardings])
+  split = np.array([s.spec != P() for s in leaf_shardings])
   rows = [s[0] if s else 1 for s in spec.leaf_shapes]
-  counts = np.array([[_shard_rows(n, ranks)[g] if cut else n for n, cut in zip(rows, split)]
-                     for g in range(ranks)], dtype=np.int64)[:, :, None]
+  counts = np.array([[mesh_rows.shard_rows(n, ranks)[g] if cut else n
+                      for n, cut in zip(rows, split)] for g in range(ranks)],
+                    dtype=np.int64)[:, :, None]
   shards = sharded.ShardLayout(counts, np.tile(np.arange(ranks, dtype=np.int64),
                                                (len(rows), 1)), ~split)
   layout = leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes))
-  local_shapes = tuple((-(-s[0] // ranks),) + s[1:] if cut else s
+  local_shapes = tuple(mesh_rows.local_shape(s, ranks) if cut else s
                        for s, cut in zip(spec.leaf_shapes, split))
   bounds = [int(sharded.exchange_bytes(shards, layout, x.by_vectors, x.width, x.kind).max())
             + _HEADER for x in exchanges(spec)]
-  lower = _lower(spec, layout, shards, local_shapes, axis, bounds, tie_bytes(spec) + _HEADER)
+  tie = tie_bytes(spec.leaf_dtypes, spec.p, spec.op == "clip_by_max_step") + 64 + _HEADER
+  lower = _lower(spec, layout, shards, local_shapes, axis, bounds, tie)
   return mesh, lower, result_shardings, arg_shardings
 
 
