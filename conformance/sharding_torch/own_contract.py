@@ -75,11 +75,12 @@ def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
   if after.gathered_calls != before.gathered_calls:
     found.append(f"{name}: the call gathered its leaves")
   sent = after.bytes_sent - before.bytes_sent
-  # The layout (rows, offsets, per-system counts), 9 bytes a block, and per leaf the sums of
-  # the sub-blocks of one block and the elements of one sub-block (a boundary per leaf).
+  # The layout (rows, offsets and held systems' spans, per-system counts), 9 bytes a block,
+  # and per leaf the sums of the sub-blocks of one block and the elements of one sub-block (a
+  # boundary per leaf).
   systems = kwargs.get("num_systems", 1)
   blocks = sum(-(-x.to_local().numel() // BLOCK) for x in sharded_args[0])
-  bound = 8 * (1 + 2 * len(out)) + 4 * systems * len(out) + 9 * (blocks + systems * len(out)) + \
+  bound = 8 * (1 + 4 * len(out)) + 4 * systems * len(out) + 9 * (blocks + systems * len(out)) + \
       len(out) * (9 * BLOCK // SUB_BLOCK + 8 * SUB_BLOCK)
   if sent > bound:
     found.append(f"{name}: sent {sent} bytes, more than {bound}")

@@ -6,9 +6,11 @@ One rank's call:
 1. its rows of each leaf (``to_local()``; a replicated leaf whole; a leaf of another placement
    made whole by ``full_tensor()``), its rows' segment ids, the checks of the unsharded call
    applied to them;
-2. one all-gather of a few integers per leaf and per (leaf, system): whether the rank's checks
-   passed, its rows' place in each leaf, its rows per system; any failed check on any rank
-   sends every rank the gathering way, whose unsharded call raises its error on every rank;
+2. an all-gather of a few integers per leaf: whether the rank's checks passed, its rows'
+   place in each leaf and, per-system, the span of systems it holds rows of; then one of its
+   rows per system over those spans (:meth:`GlooCollective.all_gather_layout`); any failed
+   check on any rank sends every rank the gathering way, whose unsharded call raises its
+   error on every rank;
 3. the numba kernels' sharded general route (:mod:`clipbench.impls.own.numba.sharded`): block
    results exchanged, folded in the unsharded order, each rank scaling its own rows;
 4. each output back as a DTensor with its leaf's mesh, placements, shape and stride (its
@@ -102,14 +104,37 @@ class GlooCollective:
     return False
 
   def all_gather_layout(self, header: np.ndarray, counts: np.ndarray):
-    """Every rank's int64 ``header`` and int32 ``counts`` (equally long on every rank), as
-    (headers, counts) with rows by rank: one all-gather."""
-    payload = np.concatenate([header.astype(np.int64).view(np.uint8),
-                              counts.astype(np.int32).reshape(-1).view(np.uint8)])
-    every = self.all_gather_bytes(payload, [payload.size] * self.size)
-    split = header.size * 8
-    return (np.stack([e[:split].view(np.int64) for e in every]),
-            np.stack([e[split:].view(np.int32) for e in every]))
+    """Every rank's int64 ``header`` (equally long on every rank) and int32 per-system
+    ``counts`` (leaves, systems), as (headers, counts) with rows by rank.
+
+    One all-gather when there is one system (the counts are the header's rows). Otherwise
+    each leaf's counts travel only over the span of systems the rank holds rows of (sorted ids
+    put a rank's systems in one run): the spans go in the header, the counts in a second
+    all-gather of known sizes, so a rank sends its own systems' counts, not every system's."""
+    nl, systems = counts.shape
+    if systems == 1:
+      every = self.all_gather_bytes(header.astype(np.int64).view(np.uint8),
+                                    [header.size * 8] * self.size)
+      headers = np.stack([e.view(np.int64) for e in every])
+      return headers, headers[:, 1:1 + 2 * nl:2].astype(np.int32)[:, :, None]
+    held = counts != 0
+    first = np.where(held.any(1), held.argmax(1), 0)
+    last = np.where(held.any(1), systems - held[:, ::-1].argmax(1), 0)
+    spans = np.stack([first, last], 1).reshape(-1)
+    mine = np.concatenate([header.astype(np.int64), spans]).view(np.uint8)
+    every = [e.view(np.int64) for e in self.all_gather_bytes(mine, [mine.size] * self.size)]
+    every_spans = [e[header.size:].reshape(nl, 2) for e in every]
+    payload = np.concatenate([counts[i, a:b] for i, (a, b) in enumerate(spans.reshape(nl, 2))]
+                             + [np.zeros(0, np.int32)]).astype(np.int32)
+    sizes = [int((sp[:, 1] - sp[:, 0]).sum()) * 4 for sp in every_spans]
+    received = self.all_gather_bytes(payload.view(np.uint8), sizes)
+    every_counts = np.zeros((self.size, nl, systems), np.int32)
+    for g, (sp, data) in enumerate(zip(every_spans, received)):
+      cursor = 0
+      for i, (a, b) in enumerate(sp):
+        every_counts[g, i, a:b] = data[cursor * 4:(cursor + b - a) * 4].view(np.int32)
+        cursor += b - a
+    return np.stack([e[:header.size] for e in every]), every_counts
 
 
 def _row_offset(x: Any, local_rows: int, coordinates: dict[int, tuple[int, int]]) -> int:
