@@ -87,7 +87,7 @@ def exchanges(spec: host_route.CallSpec) -> list[Exchange]:
     return [Exchange(False, 9, "merge")]  # extremes: value, flags
   if not f64 and spec.p <= 6.0:
     return [Exchange(False, 9, "whole" if spec.nonfinite == "zero" else "split")]
-  return [Exchange(False, 9, "merge"), Exchange(False, 16, "whole")]  # maxima, then hi/lo
+  return [Exchange(False, 9, "merge"), Exchange(False, 16, "split")]  # maxima, then hi/lo
 
 
 def applies(spec: host_route.CallSpec) -> bool:

@@ -30,9 +30,10 @@ from clipbench.impls.own.numba.finalize import finalize_systems
 from clipbench.impls.own.numba.layout import LeafLayout, Prepared
 from clipbench.impls.own.numba.max_step import merge_step, step_blocks
 from clipbench.impls.own.numba.power_sums import (ABS, INT, SQ, power_sum_kernel,
-                                                  sub_block_kernel, term_of, term_rel_err)
+                                                  sub_block_split, term_of, term_rel_err)
 from clipbench.impls.own.numba.records import (Decisions, PowerTerm, Scaling, StepMaxima,
                                                SystemSums, Threshold)
+from clipbench.impls.own.numba.scaled_sums import SPLIT as SCALED_SPLIT
 from clipbench.impls.own.numba.scaled_sums import scaled_sum_blocks
 from clipbench.impls.own.numba.segments import CheckedSegments
 from clipbench.impls.own.numba.ties import tie_is_kept
@@ -92,7 +93,7 @@ def global_stats(prep, p: float, zero_mode: bool, f64_mode: bool) -> dict[str, A
     part = np.empty(blocks.leaf.size)
     flags = np.zeros(blocks.leaf.size, dtype=np.int8)
     prep.run(power_sum_kernel(kind, ip), (part, flags), False, power, zero_mode,
-             split=None if zero_mode else sub_block_kernel(kind, ip))
+             split=None if zero_mode else sub_block_split(kind, ip))
     tot = combine_sum(blocks.system, part, s)
     flags = combine_flags(blocks.system, flags, s)
     rel = decision.sum_rel_err(count, term_rel_err(p, kind))
@@ -116,7 +117,8 @@ def global_stats(prep, p: float, zero_mode: bool, f64_mode: bool) -> dict[str, A
         2.0 ** -100 * p if kind == INT else shared.DD_POW_REL_ERR) + 2.0 ** -400
   hi = np.empty(blocks.leaf.size)
   lo = np.empty(blocks.leaf.size)
-  prep.run(scaled_sum_blocks, (hi, lo), False, Scaling(inv, inv2, divide), power)
+  prep.run(scaled_sum_blocks, (hi, lo), False, Scaling(inv, inv2, divide), power,
+           split=SCALED_SPLIT)
   tot_hi, tot_lo = combine_dd(blocks.system, hi, lo, s)
   rel = decision.sum_rel_err(count, term_err, dd=True)
   return dict(s_hi=tot_hi, s_lo=tot_lo, sc_m=sc_m, sc_e=sc_e, rel_err=rel, zero=zero,

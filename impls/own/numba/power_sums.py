@@ -33,6 +33,7 @@ from clipbench.impls.own import decision
 from clipbench.impls.own.numba.decode import BF16, F32, block_flags, load, views
 from clipbench.impls.own.numba.intrinsics import JIT, f32, ptr_u16, ptr_u32
 from clipbench.impls.own.numba.layout import SUB_BLOCK
+from clipbench.impls.own.numba.records import Split
 from clipbench.impls.own.numba.short_sums import SHORT, short_squares_f32
 
 ABS, SQ, INT, POW = 0, 1, 2, 3  # the kinds of term: |x|, x * x, |x|**n (n <= 64), |x|**p
@@ -198,7 +199,23 @@ def power_sum_kernel(kind: int, ip: int):
   return _KERNELS[(kind, ip) if kind == INT else kind][0]
 
 
-def sub_block_kernel(kind: int, ip: int):
-  """The sub-blocks kernel (``sum_sub_blocks``) for the term of ``term_of(p)``: what a rank
-  computes of a block it holds only part of (:mod:`.sharded`)."""
-  return _KERNELS[(kind, ip) if kind == INT else kind][2]
+@njit(**JIT)
+def fold_sub_sums(block_of, sums, flags, part, part_flags):
+  """What the block functions do with sub-block sums: added in order from 0.0 (no fast-math:
+  one rounding per addition, in this order); the flags of a block whose sum is not finite."""
+  for b in np.unique(block_of):
+    part[b] = 0.0
+    part_flags[b] = 0
+  for it in range(block_of.size):
+    b = block_of[it]
+    part[b] += sums[it]
+    part_flags[b] |= flags[it]
+  for b in np.unique(block_of):
+    if math.isfinite(part[b]):
+      part_flags[b] = 0
+
+
+def sub_block_split(kind: int, ip: int) -> Split:
+  """The sub-blocks kernel (``sum_sub_blocks``) for the term of ``term_of(p)`` and its fold:
+  what a rank computes of a block it holds only part of (:mod:`.sharded`)."""
+  return Split(_KERNELS[(kind, ip) if kind == INT else kind][2], fold_sub_sums)

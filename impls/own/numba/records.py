@@ -9,7 +9,7 @@ Arrays hold one entry per leaf, per block or per system, as the field's comment 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -127,3 +127,11 @@ class FusedOutputs(NamedTuple):
   s_m: np.ndarray
   s_e: np.ndarray
   tie: np.ndarray
+
+
+class Split(NamedTuple):
+  """How a pass's block result follows from its ``SUB_BLOCK``-element sub-blocks (what a rank
+  that holds part of a block computes: :mod:`.sharded`)."""
+  kernel: Any  # blocks kernel over sub-blocks: each sub-block's results, as the block folds them
+  fold: Any  # fold(block_of, *sub results, *block results): the block results, as the block
+  # function folds its sub-blocks (in order, from its start)

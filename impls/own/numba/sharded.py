@@ -10,13 +10,15 @@ move bits; here every rank instead reaches the *same* per-block results, in the 
 * a block that lies wholly in one rank's rows is reduced by that rank (the same function of the
   same elements, wherever they sit in memory), and its results (8 to 25 bytes per block of up
   to 8,192 elements) go to every rank;
-* a block that straddles a boundary between ranks: a power-sum block is the in-order sum of
-  its ``SUB_BLOCK``-element sub-blocks' sums (:mod:`.power_sums`), so each rank reduces the
-  sub-blocks of it that it holds whole and sends their sums, and only the elements of the one
-  sub-block across the boundary travel (at most 2 KB of float32 per rank, leaf and boundary);
-  every rank reduces that sub-block alike and folds. Other passes (maxima, max-step, the scaled
-  double-double sums of float64 leaves and p > 6, zero mode) send the ranks' elements of the
-  whole block (up to 32 KB), once per call;
+* a block that straddles a boundary between ranks: a power-sum block (:mod:`.power_sums`) and
+  a scaled double-double block (:mod:`.scaled_sums`: float64 leaves, p > 6) are in-order folds
+  of their ``SUB_BLOCK``-element sub-blocks' sums, so each rank reduces the sub-blocks of it
+  that it holds whole and sends their sums, and only the elements of the one sub-block across
+  the boundary travel (at most 2 KB of float32 per rank, leaf and boundary); every rank
+  reduces that sub-block alike and folds. Maxima and max-step blocks follow from their pieces'
+  results in any split (``merge``): each rank sends its pieces'. Zero mode's power sums (a
+  block holding non-finite elements is one sum of its finite ones) send the ranks' elements
+  of the whole block (up to 32 KB), once per call;
 * a replicated leaf is whole on every rank: every rank reduces its blocks itself, nothing moves.
 
 Every rank then folds, finalizes and decides as the unsharded call does (:func:`.general.decide`,
@@ -266,22 +268,6 @@ def _split(plan: _Units, blocks: np.ndarray) -> tuple[_Units, np.ndarray]:
   return _Units(Blocks(*out[:4]), *out[4:11]), out[11]
 
 
-@njit(**JIT)
-def _fold_sub_blocks(block_of, sums, flags, part, part_flags):
-  """What the block functions do with sub-block sums: added in order from 0.0 (no fast-math:
-  one rounding per addition, in this order); the flags of a block whose sum is not finite."""
-  for b in np.unique(block_of):
-    part[b] = 0.0
-    part_flags[b] = 0
-  for it in range(block_of.size):
-    b = block_of[it]
-    part[b] += sums[it]
-    part_flags[b] |= flags[it]
-  for b in np.unique(block_of):
-    if math.isfinite(part[b]):
-      part_flags[b] = 0
-
-
 def _fields(outputs: tuple) -> list[np.ndarray]:
   """The per-block arrays of a pass's outputs (arrays, or records of arrays), in order."""
   return [a for o in outputs for a in (o if isinstance(o, tuple) else (o,))]
@@ -324,7 +310,7 @@ def exchange_bytes(shards: ShardLayout, layout: LeafLayout, by_vectors: bool, wi
     short = plan.units.length[straddling] < SHORT
     subs, _ = _split(plan, straddling[~short])
     across = np.flatnonzero(subs.owner == STRADDLES)
-    out += [_raw_bytes(plan, straddling[short], g, layout.codes) + subs.owned_by(g).size * 9
+    out += [_raw_bytes(plan, straddling[short], g, layout.codes) + subs.owned_by(g).size * width
             + _raw_bytes(subs, across, g, layout.codes) for g in range(ranks)]
   return out
 
@@ -436,14 +422,14 @@ class ShardedBlocks:
     """``kernel`` over every block: this rank's whole blocks and replicated leaves read here,
     the other ranks' results received, straddling blocks reduced here from their pieces.
 
-    ``split``, the sub-blocks kernel of a power-sum pass (``power_sums.sub_block_kernel``),
-    says that a block's result is the fold of its sub-blocks' sums: a straddling block then
-    travels as the sums of the sub-blocks each rank holds whole, plus the elements of the one
-    sub-block across each boundary. ``merge`` (``extremes.merge_extremes``,
+    ``split`` (a :class:`~.records.Split`: ``power_sums.sub_block_split``,
+    ``scaled_sums.SPLIT``) says that a block's result is the fold of its sub-blocks' results: a
+    straddling block then travels as the results of the sub-blocks each rank holds whole, plus
+    the elements of the one sub-block across each boundary. ``merge`` (``extremes.merge_extremes``,
     ``max_step.merge_step``) says that a block's result follows from its pieces' results, in
-    any split: each rank sends its pieces' results. Without either (the scaled double-double
-    sums of float64 leaves and p > 6, zero mode) a straddling block travels as its elements
-    (kept for the call's later passes).
+    any split: each rank sends its pieces' results. Without either (the power sums of zero
+    mode, whose blocks with non-finite elements are one sum) a straddling block travels as its
+    elements (kept for the call's later passes).
     """
     plan = self._plan_of(by_vectors)
     me, ranks = self.collective.rank, self.collective.size
@@ -457,7 +443,9 @@ class ShardedBlocks:
       target[here] = values
     owned = [plan.owned_by(g) for g in range(ranks)]
     straddling = np.flatnonzero(plan.owner == STRADDLES)
-    key = (by_vectors, split is not None or merge is not None)
+    # Assembled blocks are kept for later passes that would send the same ones.
+    kind = "merge" if merge is not None else "split" if split is not None else "whole"
+    key = (by_vectors, kind)
     whole = straddling if merge is None else straddling[:0]
     if merge is not None:
       piece_fields = _like(outputs, plan.piece_unit.size)
@@ -476,7 +464,7 @@ class ShardedBlocks:
       subs, block_of = _split(plan, straddling[plan.units.length[straddling] >= SHORT])
       sub_owned = [subs.owned_by(g) for g in range(ranks)]
       sub_straddling = np.flatnonzero(subs.owner == STRADDLES)
-      sub_fields = (np.zeros(block_of.size), np.zeros(block_of.size, np.int8))
+      sub_fields = _fields(_like(outputs, block_of.size))
     assemble = key not in self._assembled
     width = sum(t.dtype.itemsize for t in targets)
 
@@ -487,7 +475,7 @@ class ShardedBlocks:
       if assemble:
         size += self._raw_size(plan, whole, g)
       if split is not None:
-        size += sub_owned[g].size * 9 + self._raw_size(subs, sub_straddling, g)
+        size += sub_owned[g].size * width + self._raw_size(subs, sub_straddling, g)
       return size
 
     mine = []
@@ -499,11 +487,11 @@ class ShardedBlocks:
       if assemble:
         mine.append(self._raw(plan, whole))
       if split is not None:
-        for field, values in zip(sub_fields, self._reduce(split, sub_fields, subs,
+        for field, values in zip(sub_fields, self._reduce(split.kernel, tuple(sub_fields), subs,
                                                           sub_owned[me], args)):
           field[sub_owned[me]] = values
-        mine += [sub_fields[0][sub_owned[me]].view(np.uint8),
-                 sub_fields[1][sub_owned[me]].view(np.uint8), self._raw(subs, sub_straddling)]
+        mine += [f[sub_owned[me]].view(np.uint8) for f in sub_fields]
+        mine.append(self._raw(subs, sub_straddling))
     received = self.collective.all_gather_bytes(
         np.concatenate(mine) if mine else np.zeros(0, np.uint8),
         [size_of(g) for g in range(ranks)])
@@ -547,12 +535,12 @@ class ShardedBlocks:
     if split is not None:
       if sub_straddling.size:
         across = self._assemble(subs, sub_straddling, raw_subs)
-        reduced = _like(sub_fields, sub_straddling.size)
-        threads.parallel(split, across.units.length, *reduced, across.leaves, across.units,
-                         *args)
+        reduced = _like(tuple(sub_fields), sub_straddling.size)
+        threads.parallel(split.kernel, across.units.length, *reduced, across.leaves,
+                         across.units, *args)
         for field, values in zip(sub_fields, reduced):
           field[sub_straddling] = values
-      _fold_sub_blocks(block_of, *sub_fields, *targets)
+      split.fold(block_of, *sub_fields, *targets)
 
   def ties_kept(self, systems: list[int], c: np.ndarray, p: float, step: bool) -> list[bool]:
     """The exact decisions of near-ties from every rank's exact partials of those systems."""

@@ -8,11 +8,13 @@ The unsharded bits come from the numba kernels' blocks (each system's run of row
 blocks of 8,192 elements, each block reduced by one compiled function, the results folded in
 block order), so the ranks exchange *block results*, and every rank folds them in the
 unsharded order (:mod:`clipbench.impls.own.numba.sharded`): a block wholly on one rank is
-reduced there; a block that straddles a boundary travels as its raw pieces (at most one per
-run per boundary) and is reduced by every rank; near-ties are settled from exact per-rank
-partials. A call makes two all-gathers (three when the kernels take a first pass for the
-maxima: float64 leaves, p > 6): the rows and per-system row counts of every rank, then the
-block results; each rank scales its own rows, and outputs keep their placements.
+reduced there; a block that straddles a boundary travels as the results of its sub-blocks or
+pieces each rank holds, plus the elements of the one sub-block across the boundary, and is
+completed by every rank; near-ties are settled from exact per-rank partials. A call makes two
+all-gathers (one more per-system, one more when the kernels take a first pass for the maxima:
+float64 leaves, p > 6): the rows of every rank (and the span of systems it holds), its row
+counts per system over that span, then the block results; each rank scales its own rows, and
+outputs keep their placements.
 
 Which leaves take which way (decided from metadata, so every rank takes the same):
 
