@@ -11,8 +11,8 @@ runs, so it is checked too.
 The FFI (numba) route passes without segments, for each kind of exchange that sends block
 results (its partitioning rule, ``impls/own/jax/partitioned.py``: one all-gather of block
 results, one of exact partials under the near-tie ``lax.cond``): power sums split into
-sub-blocks (p = 2), maxima merged (p = inf), maxima then double-double sums split into
-sub-blocks (p = 8), max-step. The cases that still move leaf-sized
+sub-blocks (p = 2, and in zero mode), maxima merged (p = inf), maxima then double-double
+sums split into sub-blocks (p = 8), max-step. The cases that still move leaf-sized
 data are strict expected failures that turn into failures the day they stop (then drop the
 mark). optax's
 ``clip_by_global_norm`` on the same leaves is the control that passes: a partitioned program
@@ -33,10 +33,6 @@ CHILD = "clipbench.impls.tests.jax_sharded_hlo_child"
 FFI_SEGMENTS_GATHER = ("the FFI (numba) route's partitioning rule covers calls without segments "
                        "only: with ids the block layout, and so an exchange buffer's size, "
                        "depends on their values (impls/own/jax/partitioned.py; issue 32)")
-WHOLE_BLOCKS = ("zero mode's power sums have no sub-block split (a block holding non-finite "
-                "elements is one sum of its finite ones): a block across a shard boundary "
-                "travels as its elements (up to 32 KB per leaf and boundary; numba/sharded.py, "
-                "as on torch)")
 TIE_GATHERS = ("the graph route's near-tie fallback (impls/own/jax/exact_fallback.py) passes the "
                "leaves' bits to a host callback under lax.cond, and the partitioned program "
                "all-gathers them for it. A partitioning rule cannot run the callback per "
@@ -54,8 +50,7 @@ CASES = [
     pytest.param("ffi", "clip_grad_norm"),
     pytest.param("ffi", "clip_grad_norm-pinf"),
     pytest.param("ffi", "clip_grad_norm-p8"),
-    pytest.param("ffi", "clip_grad_norm-zero",
-                 marks=pytest.mark.xfail(strict=True, reason=WHOLE_BLOCKS)),
+    pytest.param("ffi", "clip_grad_norm-zero"),
     pytest.param("ffi", "clip_by_max_step-one-system"),
     pytest.param("ffi", "clip_by_global_norm",
                  marks=pytest.mark.xfail(strict=True, reason=FFI_SEGMENTS_GATHER)),

@@ -229,6 +229,19 @@ def test_non_finite_elements(op, nonfinite):
                         nonfinite=nonfinite)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_zero_mode_blocks_across_boundaries_skip_their_non_finite_elements(dtype):
+  """Zero mode, every block holding a NaN and an inf: each block across a shard boundary is
+  the fold of its sub-blocks' sums without them (``power_sums.fold_sub_sums_skipping``; the
+  float64 sums skip them in every block)."""
+  rng = np.random.default_rng(21)
+  x = rng.standard_normal(3 * BLOCK + 77).astype(dtype)
+  x[::1000] = np.nan
+  x[500::1000] = np.inf
+  assert_unsharded_bits("clip_grad_norm", [x, x[:SUB_BLOCK + 3].copy()], 1.5, ranks=3,
+                        seed=22, nonfinite="zero")
+
+
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, np.inf, 2.5])
 def test_near_ties_are_decided_exactly_across_ranks(norm_type):
   """A threshold equal to a system's exact norm (kept, rule 3), its rows on several ranks."""

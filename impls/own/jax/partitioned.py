@@ -76,6 +76,7 @@ class Exchange(NamedTuple):
   by_vectors: bool
   width: int  # bytes of one block's results
   kind: str  # sharded.PASS_KINDS
+  sub_width: int = 0  # bytes of one sub-block's results (a split)
 
 
 def exchanges(spec: host_route.CallSpec) -> list[Exchange]:
@@ -85,9 +86,9 @@ def exchanges(spec: host_route.CallSpec) -> list[Exchange]:
     return [Exchange(True, 25, "merge")]  # StepMaxima: k, hi, lo, flags
   if math.isinf(spec.p):
     return [Exchange(False, 9, "merge")]  # extremes: value, flags
-  if not f64 and spec.p <= 6.0:
-    return [Exchange(False, 9, "whole" if spec.nonfinite == "zero" else "split")]
-  return [Exchange(False, 9, "merge"), Exchange(False, 16, "split")]  # maxima, then hi/lo
+  if not f64 and spec.p <= 6.0:  # sums, flags (and zero mode's sums without non-finite)
+    return [Exchange(False, 9, "split", 17 if spec.nonfinite == "zero" else 9)]
+  return [Exchange(False, 9, "merge"), Exchange(False, 16, "split", 16)]  # maxima, then hi/lo
 
 
 def applies(spec: host_route.CallSpec) -> bool:
@@ -306,8 +307,8 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   layout = leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes))
   local_shapes = tuple(mesh_rows.local_shape(s, ranks) if cut else s
                        for s, cut in zip(spec.leaf_shapes, split))
-  bounds = [int(sharded.exchange_bytes(shards, layout, x.by_vectors, x.width, x.kind).max())
-            + _HEADER for x in exchanges(spec)]
+  bounds = [int(sharded.exchange_bytes(shards, layout, *x).max()) + _HEADER
+            for x in exchanges(spec)]
   tie = tie_bytes(spec.leaf_dtypes, spec.p, spec.op == "clip_by_max_step") + 64 + _HEADER
   lower = _lower(spec, layout, shards, local_shapes, axis, bounds, tie)
   return mesh, lower, result_shardings, arg_shardings

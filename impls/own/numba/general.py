@@ -93,7 +93,7 @@ def global_stats(prep, p: float, zero_mode: bool, f64_mode: bool) -> dict[str, A
     part = np.empty(blocks.leaf.size)
     flags = np.zeros(blocks.leaf.size, dtype=np.int8)
     prep.run(power_sum_kernel(kind, ip), (part, flags), False, power, zero_mode,
-             split=None if zero_mode else sub_block_split(kind, ip))
+             split=sub_block_split(kind, ip, zero_mode))
     tot = combine_sum(blocks.system, part, s)
     flags = combine_flags(blocks.system, flags, s)
     rel = decision.sum_rel_err(count, term_rel_err(p, kind))

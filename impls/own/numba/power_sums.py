@@ -123,8 +123,8 @@ def _make_power_sum(kind: int, int_power: int = 0):
     return s
 
   @njit(**JIT)
-  def block_skipping(leaves, leaf, start, n, ip, p):
-    """Zero mode, a block holding non-finite elements: they count as 0 (in order)."""
+  def run_skipping(leaves, leaf, start, n, ip, p):
+    """Elements [start, start + n) of a leaf, non-finite ones counted as 0 (in order)."""
     code = leaves.codes[leaf]
     a16, a32, a64 = views(leaves.addrs[leaf], leaves.sizes[leaf], code)
     s = 0.0
@@ -132,6 +132,15 @@ def _make_power_sum(kind: int, int_power: int = 0):
       v = load(code, a16, a32, a64, start + j, leaves.table)
       if math.isfinite(v):
         s += term(abs(v), ip, p)
+    return s
+
+  @njit(**JIT)
+  def block_skipping(leaves, leaf, start, n, ip, p):
+    """Zero mode, a block holding non-finite elements: they count as 0; each sub-block summed
+    in order, the sub-block sums added in order (as the other sums fold)."""
+    s = 0.0
+    for b in range(0, n, SUB_BLOCK):
+      s += run_skipping(leaves, leaf, start + b, min(SUB_BLOCK, n - b), ip, p)
     return s
 
   @njit(**JIT)
@@ -160,32 +169,43 @@ def _make_power_sum(kind: int, int_power: int = 0):
       part[it] = total
       flags[it] = f
 
+  @njit(inline="always", **JIT)
+  def sub_block_sum(leaves, leaf, start, n, ip, p):
+    """(sum, flags) of a sub-block as the block functions sum it."""
+    code = leaves.codes[leaf]
+    addr = leaves.addrs[leaf]
+    if code == F32:
+      total = run_f32(numba.carray(ptr_u32(addr + 4 * start), n), ip, p)
+    elif code == BF16:
+      total = run_bf16(numba.carray(ptr_u16(addr + 2 * start), n), ip, p)
+    else:
+      total = run_f16(numba.carray(ptr_u16(addr + 2 * start), n), leaves.table, ip, p)
+    f = 0
+    if not math.isfinite(total):
+      a16, a32, a64 = views(addr, leaves.sizes[leaf], code)
+      f = block_flags(code, a16, a32, a64, leaves.table, start, n)
+    return total, f
+
   @njit(**JIT)
   def sum_sub_blocks(i0, i1, part, flags, leaves, blocks, power, zero_mode):
     """Sub-blocks [i0, i1) (each at most ``SUB_BLOCK`` elements of one block, on the block's
     sub-block grid): the sums the block functions fold, whatever the length (a short block's
     tree is not a fold of sub-blocks: such a block is never split), and their non-finite
-    flags. Propagate mode only (``zero_mode`` is taken for the blocks kernel's signature)."""
-    ip, p, table = power.ip, power.p, leaves.table
+    flags."""
     for it in range(i0, i1):
-      leaf = blocks.leaf[it]
-      code = leaves.codes[leaf]
-      addr = leaves.addrs[leaf]
-      start, n = blocks.start[it], blocks.length[it]
-      if code == F32:
-        total = run_f32(numba.carray(ptr_u32(addr + 4 * start), n), ip, p)
-      elif code == BF16:
-        total = run_bf16(numba.carray(ptr_u16(addr + 2 * start), n), ip, p)
-      else:
-        total = run_f16(numba.carray(ptr_u16(addr + 2 * start), n), table, ip, p)
-      f = 0
-      if not math.isfinite(total):
-        a16, a32, a64 = views(addr, leaves.sizes[leaf], code)
-        f = block_flags(code, a16, a32, a64, table, start, n)
-      part[it] = total
-      flags[it] = f
+      part[it], flags[it] = sub_block_sum(leaves, blocks.leaf[it], blocks.start[it],
+                                          blocks.length[it], power.ip, power.p)
 
-  return sum_blocks, block_f32, sum_sub_blocks
+  @njit(**JIT)
+  def sum_sub_blocks_skipping(i0, i1, part, flags, skipping, leaves, blocks, power, zero_mode):
+    """``sum_sub_blocks``, and each sub-block's sum with non-finite elements counted as 0 (what
+    a zero-mode block holding non-finite elements folds instead)."""
+    for it in range(i0, i1):
+      leaf, start, n = blocks.leaf[it], blocks.start[it], blocks.length[it]
+      part[it], flags[it] = sub_block_sum(leaves, leaf, start, n, power.ip, power.p)
+      skipping[it] = run_skipping(leaves, leaf, start, n, power.ip, power.p)
+
+  return sum_blocks, block_f32, sum_sub_blocks, sum_sub_blocks_skipping
 
 
 _KERNELS = {kind: _make_power_sum(kind) for kind in (ABS, SQ, POW)}
@@ -215,7 +235,26 @@ def fold_sub_sums(block_of, sums, flags, part, part_flags):
       part_flags[b] = 0
 
 
-def sub_block_split(kind: int, ip: int) -> Split:
-  """The sub-blocks kernel (``sum_sub_blocks``) for the term of ``term_of(p)`` and its fold:
-  what a rank computes of a block it holds only part of (:mod:`.sharded`)."""
-  return Split(_KERNELS[(kind, ip) if kind == INT else kind][2], fold_sub_sums)
+@njit(**JIT)
+def fold_sub_sums_skipping(block_of, sums, flags, skipping, part, part_flags):
+  """``fold_sub_sums``; a block whose sum is not finite then takes the in-order sum of its
+  sub-blocks' sums without their non-finite elements (zero mode's ``block_skipping``)."""
+  fold_sub_sums(block_of, sums, flags, part, part_flags)
+  bad = np.zeros(part.size, dtype=np.bool_)
+  for b in np.unique(block_of):
+    if not math.isfinite(part[b]):
+      bad[b] = True
+      part[b] = 0.0
+  for it in range(block_of.size):
+    b = block_of[it]
+    if bad[b]:
+      part[b] += skipping[it]
+
+
+def sub_block_split(kind: int, ip: int, zero_mode: bool = False) -> Split:
+  """The sub-blocks kernel for the term of ``term_of(p)`` and its fold: what a rank computes
+  of a block it holds only part of (:mod:`.sharded`)."""
+  kernels = _KERNELS[(kind, ip) if kind == INT else kind]
+  if zero_mode:
+    return Split(kernels[3], fold_sub_sums_skipping, (np.float64, np.int8, np.float64))
+  return Split(kernels[2], fold_sub_sums, (np.float64, np.int8))

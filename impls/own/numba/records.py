@@ -135,3 +135,4 @@ class Split(NamedTuple):
   kernel: Any  # blocks kernel over sub-blocks: each sub-block's results, as the block folds them
   fold: Any  # fold(block_of, *sub results, *block results): the block results, as the block
   # function folds its sub-blocks (in order, from its start)
+  dtypes: tuple  # of the kernel's per-sub-block results

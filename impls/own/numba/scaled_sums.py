@@ -114,4 +114,4 @@ def fold_dd_sub_sums(block_of, sub_hi, sub_lo, hi, lo):
     hi[b], lo[b] = dd_add(hi[b], lo[b], sub_hi[it], sub_lo[it])
 
 
-SPLIT = Split(scaled_sum_sub_blocks, fold_dd_sub_sums)
+SPLIT = Split(scaled_sum_sub_blocks, fold_dd_sub_sums, (np.float64, np.float64))

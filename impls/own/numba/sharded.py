@@ -15,10 +15,11 @@ move bits; here every rank instead reaches the *same* per-block results, in the 
   of their ``SUB_BLOCK``-element sub-blocks' sums, so each rank reduces the sub-blocks of it
   that it holds whole and sends their sums, and only the elements of the one sub-block across
   the boundary travel (at most 2 KB of float32 per rank, leaf and boundary); every rank
-  reduces that sub-block alike and folds. Maxima and max-step blocks follow from their pieces'
-  results in any split (``merge``): each rank sends its pieces'. Zero mode's power sums (a
-  block holding non-finite elements is one sum of its finite ones) send the ranks' elements
-  of the whole block (up to 32 KB), once per call;
+  reduces that sub-block alike and folds (zero mode's power sums send, per sub-block, its sum
+  without non-finite elements too, which a block holding them folds instead). Maxima and
+  max-step blocks follow from their pieces' results in any split (``merge``): each rank sends
+  its pieces'. A pass with neither (none of the kernels' today) sends the ranks' elements of
+  the whole block (up to 32 KB), once per call;
 * a replicated leaf is whole on every rank: every rank reduces its blocks itself, nothing moves.
 
 Every rank then folds, finalizes and decides as the unsharded call does (:func:`.general.decide`,
@@ -291,11 +292,12 @@ PASS_KINDS = ("merge", "split", "whole")
 
 
 def exchange_bytes(shards: ShardLayout, layout: LeafLayout, by_vectors: bool, width: int,
-                   kind: str) -> np.ndarray:
+                   kind: str, sub_width: int = 0) -> np.ndarray:
   """Bytes each rank hands to the all-gather of one pass (:meth:`ShardedBlocks.run`), from the
   layout alone: ``kind`` "merge" (a ``merge`` pass), "split" (a ``split`` pass) or "whole"
-  (neither), ``width`` the bytes of one block's results. What a static buffer must hold
-  (JAX's partitioned call, :mod:`clipbench.impls.own.jax.partitioned`)."""
+  (neither), ``width`` the bytes of one block's results, ``sub_width`` of one sub-block's (a
+  split's). What a static buffer must hold (JAX's partitioned call,
+  :mod:`clipbench.impls.own.jax.partitioned`)."""
   if kind not in PASS_KINDS:
     raise ValueError(f"kind: expected one of {PASS_KINDS}, got {kind!r}")
   plan = _plan(shards, layout, by_vectors)
@@ -310,8 +312,9 @@ def exchange_bytes(shards: ShardLayout, layout: LeafLayout, by_vectors: bool, wi
     short = plan.units.length[straddling] < SHORT
     subs, _ = _split(plan, straddling[~short])
     across = np.flatnonzero(subs.owner == STRADDLES)
-    out += [_raw_bytes(plan, straddling[short], g, layout.codes) + subs.owned_by(g).size * width
-            + _raw_bytes(subs, across, g, layout.codes) for g in range(ranks)]
+    out += [_raw_bytes(plan, straddling[short], g, layout.codes)
+            + subs.owned_by(g).size * sub_width + _raw_bytes(subs, across, g, layout.codes)
+            for g in range(ranks)]
   return out
 
 
@@ -427,9 +430,8 @@ class ShardedBlocks:
     straddling block then travels as the results of the sub-blocks each rank holds whole, plus
     the elements of the one sub-block across each boundary. ``merge`` (``extremes.merge_extremes``,
     ``max_step.merge_step``) says that a block's result follows from its pieces' results, in
-    any split: each rank sends its pieces' results. Without either (the power sums of zero
-    mode, whose blocks with non-finite elements are one sum) a straddling block travels as its
-    elements (kept for the call's later passes).
+    any split: each rank sends its pieces' results. Without either a straddling block travels
+    as its elements (kept for the call's later passes).
     """
     plan = self._plan_of(by_vectors)
     me, ranks = self.collective.rank, self.collective.size
@@ -464,9 +466,10 @@ class ShardedBlocks:
       subs, block_of = _split(plan, straddling[plan.units.length[straddling] >= SHORT])
       sub_owned = [subs.owned_by(g) for g in range(ranks)]
       sub_straddling = np.flatnonzero(subs.owner == STRADDLES)
-      sub_fields = _fields(_like(outputs, block_of.size))
+      sub_fields = [np.zeros(block_of.size, d) for d in split.dtypes]
     assemble = key not in self._assembled
     width = sum(t.dtype.itemsize for t in targets)
+    sub_width = sum(np.dtype(d).itemsize for d in split.dtypes) if split is not None else 0
 
     def size_of(g: int) -> int:
       size = owned[g].size * width
@@ -475,7 +478,7 @@ class ShardedBlocks:
       if assemble:
         size += self._raw_size(plan, whole, g)
       if split is not None:
-        size += sub_owned[g].size * width + self._raw_size(subs, sub_straddling, g)
+        size += sub_owned[g].size * sub_width + self._raw_size(subs, sub_straddling, g)
       return size
 
     mine = []
