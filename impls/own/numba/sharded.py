@@ -46,13 +46,14 @@ import math
 from fractions import Fraction
 from typing import Any, NamedTuple, Protocol
 
+import numba
 import numpy as np
 from numba import njit
 
 from clipbench.impls.own import exact
 from clipbench.impls.own.numba import general, threads
 from clipbench.impls.own.numba.decode import ITEMSIZE
-from clipbench.impls.own.numba.intrinsics import JIT
+from clipbench.impls.own.numba.intrinsics import JIT, ptr_u16
 from clipbench.impls.own.numba.layout import BLOCK, SUB_BLOCK, LeafLayout, Prepared, leaf_layout
 from clipbench.impls.own.numba.records import Blocks, Leaves
 from clipbench.impls.own.numba.segments import CheckedSegments
@@ -280,6 +281,16 @@ def _like(outputs: tuple, n: int) -> tuple:
                else np.zeros(n, o.dtype) for o in outputs)
 
 
+@njit(**JIT)
+def _copy_bytes(sources, destinations, nbytes):
+  """Copies ``nbytes[i]`` bytes (an even count: every dtype here has 2 bytes or more) from
+  address ``sources[i]`` to ``destinations[i]``."""
+  for i in range(nbytes.size):
+    n = nbytes[i] // 2
+    if n:
+      numba.carray(ptr_u16(destinations[i]), n)[:] = numba.carray(ptr_u16(sources[i]), n)
+
+
 def _raw_bytes(units: _Units, indices: np.ndarray, rank: int, codes: np.ndarray) -> int:
   """Bytes of ``rank``'s pieces of the units ``indices`` (``codes``: the leaves' dtypes)."""
   pieces = units.pieces_of(rank)
@@ -343,7 +354,8 @@ class ShardedBlocks:
     self.num_systems = prep.num_systems
     self.vecs = layout.vecs
     self._plans: dict[bool, _Units] = {}
-    self._assembled: dict[bool, _Assembled] = {}
+    self._assembled: dict[tuple, _Assembled] = {}
+    self._addresses: np.ndarray | None = None
 
   def _plan_of(self, by_vectors: bool) -> _Units:
     if by_vectors not in self._plans:
@@ -360,21 +372,29 @@ class ShardedBlocks:
   def _raw_size(self, units: _Units, indices: np.ndarray, rank: int) -> int:
     return _raw_bytes(units, indices, rank, self.layout.codes)
 
+  def _held_addresses(self) -> np.ndarray:
+    """The data address of each leaf as this rank's pieces are counted in it (the rows in
+    system order: a gathered copy for unsorted ids)."""
+    if self._addresses is None:
+      prep = self.prep
+      self._held = [np.ascontiguousarray(g if g is not None else x)
+                    for g, x in zip(prep.gathered, prep.leaves)]
+      self._addresses = np.array([h.ctypes.data for h in self._held], dtype=np.int64)
+    return self._addresses
+
   def _raw(self, units: _Units, indices: np.ndarray) -> np.ndarray:
     """This rank's pieces of the units ``indices``, concatenated in piece order."""
     pieces = units.pieces_of(self.collective.rank)
     pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
     if pieces.size == 0:
       return np.zeros(0, np.uint8)
-    prep, parts = self.prep, []
     sizes = self._itemsize(units, pieces)
-    for j, size in zip(pieces.tolist(), sizes.tolist()):
-      leaf = int(units.units.leaf[units.piece_unit[j]])
-      held = prep.gathered[leaf] if prep.gathered[leaf] is not None else prep.leaves[leaf]
-      data = np.ascontiguousarray(held).reshape(-1).view(np.uint8)
-      start = int(units.piece_start[j]) * size
-      parts.append(data[start:start + int(units.piece_length[j]) * size])
-    return np.concatenate(parts)
+    nbytes = units.piece_length[pieces] * sizes
+    out = np.empty(int(nbytes.sum()), np.uint8)
+    leaf = units.units.leaf[units.piece_unit[pieces]]
+    _copy_bytes(self._held_addresses()[leaf] + units.piece_start[pieces] * sizes,
+                out.ctypes.data + np.cumsum(nbytes) - nbytes, nbytes)
+    return out
 
   def _assemble(self, units: _Units, indices: np.ndarray,
                 raw: list[np.ndarray]) -> _Assembled:
@@ -392,12 +412,17 @@ class ShardedBlocks:
     for rank, payload in enumerate(raw):
       pieces = units.pieces_of(rank)
       pieces = pieces[where[units.piece_unit[pieces]] >= 0]
-      cursor = 0
-      for j, size in zip(pieces.tolist(), self._itemsize(units, pieces).tolist()):
-        at = shift + int(offsets[where[units.piece_unit[j]]]) + int(units.piece_at[j]) * size
-        n = int(units.piece_length[j]) * size
-        buffer[at:at + n] = payload[cursor:cursor + n]
-        cursor += n
+      if pieces.size == 0:
+        continue
+      payload = np.ascontiguousarray(payload)
+      sizes = self._itemsize(units, pieces)
+      nbytes = units.piece_length[pieces] * sizes
+      if int(nbytes.sum()) > payload.size:
+        raise ValueError(f"rank {rank} sent {payload.size} bytes of pieces, the layout says "
+                         f"{int(nbytes.sum())}")
+      _copy_bytes(payload.ctypes.data + np.cumsum(nbytes) - nbytes,
+                  buffer.ctypes.data + shift + offsets[where[units.piece_unit[pieces]]]
+                  + units.piece_at[pieces] * sizes, nbytes)
     inputs = self.prep.norm_inputs
     extra = Leaves(
         np.concatenate([inputs.addrs, buffer.ctypes.data + shift + offsets]).astype(np.int64),
