@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 
-from clipbench import devices
+from clipbench.impls.tests.host_device_children import DEVICES, use_host_devices
 
-DEVICES = 4
-if "jax" not in sys.modules:
-  os.environ["XLA_FLAGS"] = devices.xla_flags_with_host_devices(os.environ.get("XLA_FLAGS", ""),
-                                                                DEVICES)
-  os.environ["JAX_PLATFORMS"] = "cpu"
+use_host_devices()
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402

@@ -12,15 +12,13 @@ leaves), and its part of the near-tie round where the threshold ties the norm ex
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from clipbench.impls.tests import host_device_children as children
+
 CHILD = "clipbench.impls.tests.jax_partitioned_child"
-DEVICES = 4
+DEVICES = children.DEVICES
 ONE_ROUND = {"rounds": DEVICES, "ties": 0, "finished": DEVICES}
 TWO_ROUNDS = {"rounds": 2 * DEVICES, "ties": 0, "finished": DEVICES}
 TIE = {"rounds": DEVICES, "ties": DEVICES, "finished": DEVICES}
@@ -42,13 +40,7 @@ EXPECTED = {
 
 @functools.cache
 def child_rows() -> dict[str, dict]:
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # the child sets its own device count
-  done = subprocess.run([sys.executable, "-m", CHILD], env=env, capture_output=True,
-                        text=True, timeout=600, check=False)
-  if done.returncode != 0:
-    raise RuntimeError(f"{CHILD} exited with {done.returncode}:\n{done.stderr[-4000:]}")
-  rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+  rows = children.child_rows(CHILD, timeout_s=600)
   return {row["case"]: row for row in rows}
 
 

@@ -22,12 +22,10 @@ whose only collective is the all-reduce of per-device partial norms.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from clipbench.impls.tests import host_device_children as children
 
 CHILD = "clipbench.impls.tests.jax_sharded_hlo_child"
 FFI_SEGMENTS_GATHER = ("the FFI (numba) route's partitioning rule covers calls without segments "
@@ -60,13 +58,7 @@ CASES = [
 
 @functools.cache
 def compiled_cases() -> dict[tuple[str, str], dict]:
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # the child sets its own device count
-  done = subprocess.run([sys.executable, "-m", CHILD], env=env, capture_output=True,
-                        text=True, timeout=300, check=False)
-  if done.returncode != 0:
-    raise RuntimeError(f"{CHILD} exited with {done.returncode}:\n{done.stderr[-4000:]}")
-  rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+  rows = children.child_rows(CHILD, timeout_s=300)
   return {(row["route"], row["op"]): row for row in rows}
 
 

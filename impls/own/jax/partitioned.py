@@ -24,7 +24,7 @@ The numba code runs as one ordinary call of the sharded route in each custom cal
 *replays* the rounds already gathered (its collective returns them, and the device's own part
 of them is not recomputed) and stops at the first round it has no data for, handing its own
 part of it to XLA (:class:`_Rounds`). Buffers are static, so their sizes come from the layout
-alone: :func:`clipbench.impls.own.numba.sharded.exchange_bytes` per pass, and a bound on the
+alone: :func:`clipbench.impls.own.numba.shard_plan.exchange_bytes` per pass, and a bound on the
 size of an exact partial for the tie round.
 
 Where it applies: global clipping (``clip_grad_norm``, and the per-system operations without
@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 
 from clipbench.impls.own.jax import host_route, mesh_rows, xla_ffi
 from clipbench.impls.own.jax.config import Threshold
-from clipbench.impls.own.numba import sharded
+from clipbench.impls.own.numba import shard_plan, sharded
 from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
 from clipbench.impls.own.numba.layout import LeafLayout, leaf_layout_of
 from clipbench.impls.own.numba.segments import NO_SEGMENTS
@@ -75,7 +75,7 @@ class Exchange(NamedTuple):
 
   by_vectors: bool
   width: int  # bytes of one block's results
-  kind: str  # sharded.PASS_KINDS
+  kind: str  # shard_plan.PASS_KINDS
   sub_width: int = 0  # bytes of one sub-block's results (a split)
 
 
@@ -120,7 +120,7 @@ class Stage(NamedTuple):
 
   spec: host_route.CallSpec
   layout: LeafLayout  # the whole leaves
-  shards: sharded.ShardLayout
+  shards: shard_plan.ShardLayout
   local_shapes: tuple  # each leaf's buffer on a device (uneven splits padded)
   known: tuple  # sizes of the gathered buffers this call receives, by round
   record: int  # size of the buffer it hands back (its part of the next round)
@@ -256,7 +256,7 @@ def _call(stage: Stage, results: list, rank, leaves, m, e, inf, gathered):
                                            *leaves, m, e, inf, *gathered)
 
 
-def _lower(spec: host_route.CallSpec, layout: LeafLayout, shards: sharded.ShardLayout,
+def _lower(spec: host_route.CallSpec, layout: LeafLayout, shards: shard_plan.ShardLayout,
            local_shapes: tuple, axis: str, bounds: list[int], tie: int):
   """The per-device program (see the module docstring)."""
   u8 = lambda n: jax.ShapeDtypeStruct((n,), jnp.uint8)
@@ -302,12 +302,12 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   counts = np.array([[mesh_rows.shard_rows(n, ranks)[g] if cut else n
                       for n, cut in zip(rows, split)] for g in range(ranks)],
                     dtype=np.int64)[:, :, None]
-  shards = sharded.ShardLayout(counts, np.tile(np.arange(ranks, dtype=np.int64),
-                                               (len(rows), 1)), ~split)
+  shards = shard_plan.ShardLayout(counts, np.tile(np.arange(ranks, dtype=np.int64),
+                                                  (len(rows), 1)), ~split)
   layout = leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes))
   local_shapes = tuple(mesh_rows.local_shape(s, ranks) if cut else s
                        for s, cut in zip(spec.leaf_shapes, split))
-  bounds = [int(sharded.exchange_bytes(shards, layout, *x).max()) + _HEADER
+  bounds = [int(shard_plan.exchange_bytes(shards, layout, *x).max()) + _HEADER
             for x in exchanges(spec)]
   tie = tie_bytes(spec.leaf_dtypes, spec.p, spec.op == "clip_by_max_step") + 64 + _HEADER
   lower = _lower(spec, layout, shards, local_shapes, axis, bounds, tie)

@@ -51,16 +51,15 @@ import numpy as np
 from numba import njit
 
 from clipbench.impls.own import exact
-from clipbench.impls.own.numba import general, threads
+from clipbench.impls.own.numba import general, shard_plan, threads
 from clipbench.impls.own.numba.decode import ITEMSIZE
 from clipbench.impls.own.numba.intrinsics import JIT, ptr_u16
-from clipbench.impls.own.numba.layout import BLOCK, SUB_BLOCK, LeafLayout, Prepared, leaf_layout
+from clipbench.impls.own.numba.layout import LeafLayout, Prepared, leaf_layout
 from clipbench.impls.own.numba.records import Blocks, Leaves
 from clipbench.impls.own.numba.segments import CheckedSegments
+from clipbench.impls.own.numba.shard_plan import ShardLayout
 from clipbench.impls.own.numba.short_sums import SHORT
 
-# Owners of a block besides a rank index: every rank (a replicated leaf), pieces of several.
-EVERY_RANK, STRADDLES = -2, -1
 _ALIGN = 64  # bytes: each assembled straddling block starts on a cache line
 
 
@@ -80,194 +79,6 @@ class Collective(Protocol):
     """Whether every rank's payload of the next all-gather is known here already (a call
     replayed after its exchange: JAX's partitioned custom calls); this rank's part of that
     round then need not be computed."""
-
-
-class ShardLayout(NamedTuple):
-  """How the rows of the leaves are split among the ranks (the same on every rank)."""
-
-  counts: np.ndarray  # int64 (ranks, leaves, systems): rows of each system each rank holds
-  order: np.ndarray  # int64 (leaves, ranks): rank indices in the order of their rows
-  replicated: np.ndarray  # bool (leaves,): every rank holds the whole leaf
-
-
-class _Units(NamedTuple):
-  """Units of reduction (the blocks, or sub-blocks of blocks split across ranks) in fold
-  order, and who reads each."""
-
-  units: Blocks  # leaf, system, start within the run or block (unused), length
-  owner: np.ndarray  # int64: the rank that holds it whole, EVERY_RANK or STRADDLES
-  owner_start: np.ndarray  # int64: where it starts in its owner's (norm-order) leaf
-  # Pieces of the straddling units, in unit order then row order:
-  piece_unit: np.ndarray  # int64 index into units
-  piece_rank: np.ndarray  # int64
-  piece_start: np.ndarray  # int64 element in that rank's (norm-order) leaf
-  piece_length: np.ndarray  # int64
-  piece_at: np.ndarray  # int64 element offset within the unit
-
-  def owned_by(self, rank: int) -> np.ndarray:
-    return np.flatnonzero(self.owner == rank)
-
-  def pieces_of(self, rank: int) -> np.ndarray:
-    return np.flatnonzero(self.piece_rank == rank)
-
-
-@njit(**JIT)
-def _walk_blocks(counts, order, replicated, rowsizes, vecs, block, by_vectors, fill, out):
-  """Counts (``fill`` False) or writes (into ``out``) the blocks and straddling pieces of every
-  run, in ``layout.build_blocks``'s order; returns (blocks, pieces)."""
-  ranks, nl, ns = counts.shape
-  b_leaf, b_sys, b_start, b_len, owner, owner_start, p_block, p_rank, p_start, p_len, p_at = out
-  nb = 0
-  npieces = 0
-  # Row offset of each system within each rank's leaf (systems in order, as Prepared lays
-  # them out: sorted ids as they are, unsorted ones gathered).
-  first = np.zeros((ranks, nl, ns), dtype=np.int64)
-  for g in range(ranks):
-    for l in range(nl):
-      acc = 0
-      for k in range(ns):
-        first[g, l, k] = acc
-        acc += counts[g, l, k]
-  begin = np.zeros(ranks, dtype=np.int64)
-  end = np.zeros(ranks, dtype=np.int64)
-  for l in range(nl):
-    r = rowsizes[l]
-    step = max(1, block // vecs[l]) * vecs[l] if by_vectors else block
-    for k in range(ns):
-      if replicated[l]:
-        length = counts[0, l, k] * r
-      else:
-        length = 0
-        for i in range(ranks):
-          g = order[l, i]
-          begin[i] = length
-          length += counts[g, l, k] * r
-          end[i] = length
-      pos = 0
-      i = 0
-      while pos < length:
-        n = min(step, length - pos)
-        if fill:
-          b_leaf[nb] = l
-          b_sys[nb] = k
-          b_start[nb] = pos
-          b_len[nb] = n
-        if replicated[l]:
-          if fill:
-            owner[nb] = -2
-            owner_start[nb] = first[0, l, k] * r + pos
-        else:
-          while end[i] <= pos:
-            i += 1
-          if pos + n <= end[i]:
-            g = order[l, i]
-            if fill:
-              owner[nb] = g
-              owner_start[nb] = first[g, l, k] * r + pos - begin[i]
-          else:
-            if fill:
-              owner[nb] = -1
-              owner_start[nb] = 0
-            j = i
-            while j < ranks and begin[j] < pos + n:
-              lo = max(begin[j], pos)
-              hi = min(end[j], pos + n)
-              if hi > lo:
-                if fill:
-                  g = order[l, j]
-                  p_block[npieces] = nb
-                  p_rank[npieces] = g
-                  p_start[npieces] = first[g, l, k] * r + lo - begin[j]
-                  p_len[npieces] = hi - lo
-                  p_at[npieces] = lo - pos
-                npieces += 1
-              j += 1
-        nb += 1
-        pos += n
-  return nb, npieces
-
-
-@njit(**JIT)
-def _walk_sub_blocks(blocks, b_leaf, b_sys, b_len, p_block, p_rank, p_start, p_len, p_at, sub,
-                     fill, out):
-  """Counts or writes the sub-blocks of the straddling blocks ``blocks`` (each on its grid of
-  ``sub`` elements from the block's start) and their straddling pieces, from the blocks'
-  pieces; like ``_walk_blocks``, one level down. Returns (sub-blocks, pieces)."""
-  s_leaf, s_sys, s_start, s_len, owner, owner_start, q_unit, q_rank, q_start, q_len, q_at, \
-      s_block = out
-  ns = 0
-  nq = 0
-  j0 = 0
-  for b in blocks:
-    while p_block[j0] != b:
-      j0 += 1
-    j1 = j0
-    while j1 < p_block.size and p_block[j1] == b:
-      j1 += 1
-    pos = 0
-    j = j0
-    while pos < b_len[b]:
-      n = min(sub, b_len[b] - pos)
-      if fill:
-        s_leaf[ns] = b_leaf[b]
-        s_sys[ns] = b_sys[b]
-        s_start[ns] = pos
-        s_len[ns] = n
-        s_block[ns] = b
-      while p_at[j] + p_len[j] <= pos:
-        j += 1
-      if pos + n <= p_at[j] + p_len[j]:
-        if fill:
-          owner[ns] = p_rank[j]
-          owner_start[ns] = p_start[j] + pos - p_at[j]
-      else:
-        if fill:
-          owner[ns] = -1
-          owner_start[ns] = 0
-        i = j
-        while i < j1 and p_at[i] < pos + n:
-          lo = max(p_at[i], pos)
-          hi = min(p_at[i] + p_len[i], pos + n)
-          if hi > lo:
-            if fill:
-              q_unit[nq] = ns
-              q_rank[nq] = p_rank[i]
-              q_start[nq] = p_start[i] + lo - p_at[i]
-              q_len[nq] = hi - lo
-              q_at[nq] = lo - pos
-            nq += 1
-          i += 1
-      ns += 1
-      pos += n
-    j0 = j1
-  return ns, nq
-
-
-def _arrays(nb: int, npieces: int, extra: int = 0) -> tuple:
-  i64 = lambda n: np.zeros(n, dtype=np.int64)
-  return ((np.zeros(nb, np.int32), np.zeros(nb, np.int32)) + tuple(i64(nb) for _ in range(4))
-          + tuple(i64(npieces) for _ in range(5)) + tuple(i64(nb) for _ in range(extra)))
-
-
-def _plan(shards: ShardLayout, layout: LeafLayout, by_vectors: bool) -> _Units:
-  """The unsharded call's blocks, and who reads each."""
-  args = (shards.counts, shards.order, shards.replicated, layout.rowsizes, layout.vecs, BLOCK,
-          by_vectors)
-  nb, npieces = _walk_blocks(*args, False, _arrays(0, 0))
-  out = _arrays(nb, npieces)
-  _walk_blocks(*args, True, out)
-  return _Units(Blocks(*out[:4]), *out[4:])
-
-
-def _split(plan: _Units, blocks: np.ndarray) -> tuple[_Units, np.ndarray]:
-  """The sub-blocks of straddling ``blocks`` of ``plan``, and the block of each."""
-  u = plan.units
-  args = (blocks.astype(np.int64), u.leaf, u.system, u.length, plan.piece_unit, plan.piece_rank,
-          plan.piece_start, plan.piece_length, plan.piece_at, SUB_BLOCK)
-  ns, nq = _walk_sub_blocks(*args, False, _arrays(0, 0, 1))
-  out = _arrays(ns, nq, 1)
-  _walk_sub_blocks(*args, True, out)
-  return _Units(Blocks(*out[:4]), *out[4:11]), out[11]
 
 
 def _fields(outputs: tuple) -> list[np.ndarray]:
@@ -291,50 +102,12 @@ def _copy_bytes(sources, destinations, nbytes):
       numba.carray(ptr_u16(destinations[i]), n)[:] = numba.carray(ptr_u16(sources[i]), n)
 
 
-def _raw_bytes(units: _Units, indices: np.ndarray, rank: int, codes: np.ndarray) -> int:
-  """Bytes of ``rank``'s pieces of the units ``indices`` (``codes``: the leaves' dtypes)."""
-  pieces = units.pieces_of(rank)
-  pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
-  return int((units.piece_length[pieces] * ITEMSIZE[codes[units.units.leaf[units.piece_unit[
-      pieces]]]]).sum())
-
-
-PASS_KINDS = ("merge", "split", "whole")
-
-
-def exchange_bytes(shards: ShardLayout, layout: LeafLayout, by_vectors: bool, width: int,
-                   kind: str, sub_width: int = 0) -> np.ndarray:
-  """Bytes each rank hands to the all-gather of one pass (:meth:`ShardedBlocks.run`), from the
-  layout alone: ``kind`` "merge" (a ``merge`` pass), "split" (a ``split`` pass) or "whole"
-  (neither), ``width`` the bytes of one block's results, ``sub_width`` of one sub-block's (a
-  split's). What a static buffer must hold (JAX's partitioned call,
-  :mod:`clipbench.impls.own.jax.partitioned`)."""
-  if kind not in PASS_KINDS:
-    raise ValueError(f"kind: expected one of {PASS_KINDS}, got {kind!r}")
-  plan = _plan(shards, layout, by_vectors)
-  ranks = shards.counts.shape[0]
-  straddling = np.flatnonzero(plan.owner == STRADDLES)
-  out = np.array([plan.owned_by(g).size * width for g in range(ranks)], dtype=np.int64)
-  if kind == "merge":
-    out += [plan.pieces_of(g).size * width for g in range(ranks)]
-  elif kind == "whole":
-    out += [_raw_bytes(plan, straddling, g, layout.codes) for g in range(ranks)]
-  else:
-    short = plan.units.length[straddling] < SHORT
-    subs, _ = _split(plan, straddling[~short])
-    across = np.flatnonzero(subs.owner == STRADDLES)
-    out += [_raw_bytes(plan, straddling[short], g, layout.codes)
-            + subs.owned_by(g).size * sub_width + _raw_bytes(subs, across, g, layout.codes)
-            for g in range(ranks)]
-  return out
-
-
 class _Assembled(NamedTuple):
   """Straddling units made whole on this rank: extra leaves after its own, one per unit."""
 
   leaves: Leaves
   units: Blocks
-  indices: np.ndarray  # which units of their _Units
+  indices: np.ndarray  # which units of their plan
   buffer: np.ndarray  # keeps the bytes alive
 
 
@@ -353,24 +126,24 @@ class ShardedBlocks:
     self.collective = collective
     self.num_systems = prep.num_systems
     self.vecs = layout.vecs
-    self._plans: dict[bool, _Units] = {}
+    self._plans: dict[bool, shard_plan.Units] = {}
     self._assembled: dict[tuple, _Assembled] = {}
     self._addresses: np.ndarray | None = None
 
-  def _plan_of(self, by_vectors: bool) -> _Units:
+  def _plan_of(self, by_vectors: bool) -> shard_plan.Units:
     if by_vectors not in self._plans:
-      self._plans[by_vectors] = _plan(self.shards, self.layout, by_vectors)
+      self._plans[by_vectors] = shard_plan.plan(self.shards, self.layout, by_vectors)
     return self._plans[by_vectors]
 
   def blocks(self, by_vectors: bool) -> Blocks:
     """Every block of the whole leaves, in fold order."""
     return self._plan_of(by_vectors).units
 
-  def _itemsize(self, units: _Units, pieces: np.ndarray) -> np.ndarray:
+  def _itemsize(self, units: shard_plan.Units, pieces: np.ndarray) -> np.ndarray:
     return ITEMSIZE[self.layout.codes[units.units.leaf[units.piece_unit[pieces]]]]
 
-  def _raw_size(self, units: _Units, indices: np.ndarray, rank: int) -> int:
-    return _raw_bytes(units, indices, rank, self.layout.codes)
+  def _raw_size(self, units: shard_plan.Units, indices: np.ndarray, rank: int) -> int:
+    return shard_plan.raw_bytes(units, indices, rank, self.layout.codes)
 
   def _held_addresses(self) -> np.ndarray:
     """The data address of each leaf as this rank's pieces are counted in it (the rows in
@@ -382,7 +155,7 @@ class ShardedBlocks:
       self._addresses = np.array([h.ctypes.data for h in self._held], dtype=np.int64)
     return self._addresses
 
-  def _raw(self, units: _Units, indices: np.ndarray) -> np.ndarray:
+  def _raw(self, units: shard_plan.Units, indices: np.ndarray) -> np.ndarray:
     """This rank's pieces of the units ``indices``, concatenated in piece order."""
     pieces = units.pieces_of(self.collective.rank)
     pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
@@ -396,7 +169,7 @@ class ShardedBlocks:
                 out.ctypes.data + np.cumsum(nbytes) - nbytes, nbytes)
     return out
 
-  def _assemble(self, units: _Units, indices: np.ndarray,
+  def _assemble(self, units: shard_plan.Units, indices: np.ndarray,
                 raw: list[np.ndarray]) -> _Assembled:
     """The units ``indices`` made whole from every rank's pieces (``raw[g]``: rank g's, in
     piece order), in one aligned buffer."""
@@ -435,7 +208,8 @@ class ShardedBlocks:
                    np.zeros(indices.size, np.int64), units.units.length[indices])
     return _Assembled(extra, whole, indices, buffer)
 
-  def _reduce(self, kernel, outputs: tuple, units: _Units, indices: np.ndarray, args) -> list:
+  def _reduce(self, kernel, outputs: tuple, units: shard_plan.Units, indices: np.ndarray,
+              args) -> list:
     """``kernel``'s results (fields) for the units ``indices`` this rank holds whole."""
     local = _like(outputs, indices.size)
     if indices.size:
@@ -464,12 +238,12 @@ class ShardedBlocks:
     # A replayed round receives this rank's results with the others': only replicated leaves
     # are reduced here.
     replayed = self.collective.holds_next_round()
-    here = np.flatnonzero((plan.owner == EVERY_RANK) if replayed else
-                          (plan.owner == me) | (plan.owner == EVERY_RANK))
+    here = np.flatnonzero((plan.owner == shard_plan.EVERY_RANK) if replayed else
+                          (plan.owner == me) | (plan.owner == shard_plan.EVERY_RANK))
     for target, values in zip(targets, self._reduce(kernel, outputs, plan, here, args)):
       target[here] = values
     owned = [plan.owned_by(g) for g in range(ranks)]
-    straddling = np.flatnonzero(plan.owner == STRADDLES)
+    straddling = np.flatnonzero(plan.owner == shard_plan.STRADDLES)
     # Assembled blocks are kept for later passes that would send the same ones.
     kind = "merge" if merge is not None else "split" if split is not None else "whole"
     key = (by_vectors, kind)
@@ -488,9 +262,9 @@ class ShardedBlocks:
           field[my_pieces] = values
     if split is not None:
       whole = straddling[plan.units.length[straddling] < SHORT]  # a short block's own tree
-      subs, block_of = _split(plan, straddling[plan.units.length[straddling] >= SHORT])
+      subs, block_of = shard_plan.split(plan, straddling[plan.units.length[straddling] >= SHORT])
       sub_owned = [subs.owned_by(g) for g in range(ranks)]
-      sub_straddling = np.flatnonzero(subs.owner == STRADDLES)
+      sub_straddling = np.flatnonzero(subs.owner == shard_plan.STRADDLES)
       sub_fields = [np.zeros(block_of.size, d) for d in split.dtypes]
     assemble = key not in self._assembled
     width = sum(t.dtype.itemsize for t in targets)
