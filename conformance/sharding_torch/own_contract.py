@@ -58,6 +58,7 @@ def failures() -> list[str]:
                                                          num_systems=2), ValueError,
                        "segments[0]"))
   found += _partials_failures(mesh)
+  found += _unchunked_failures(mesh)
   return [f for f in found if f]
 
 
@@ -76,12 +77,12 @@ def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
     found.append(f"{name}: the call gathered its leaves")
   sent = after.bytes_sent - before.bytes_sent
   # The layout (rows, offsets and held systems' spans, per-system counts), 9 bytes a block,
-  # and per leaf the sums of the sub-blocks of one block and the elements of one sub-block (a
-  # boundary per leaf).
+  # and per leaf and boundary (two for a middle rank) the sums of the sub-blocks of one block
+  # and the elements of one sub-block.
   systems = kwargs.get("num_systems", 1)
   blocks = sum(-(-x.to_local().numel() // BLOCK) for x in sharded_args[0])
   bound = 8 * (1 + 4 * len(out)) + 4 * systems * len(out) + 9 * (blocks + systems * len(out)) + \
-      len(out) * (9 * BLOCK // SUB_BLOCK + 8 * SUB_BLOCK)
+      2 * len(out) * (9 * BLOCK // SUB_BLOCK + 8 * SUB_BLOCK)
   if sent > bound:
     found.append(f"{name}: sent {sent} bytes, more than {bound}")
   if not _same(norms, want_norms):
@@ -123,6 +124,37 @@ def _partials_failures(mesh) -> list[str]:
                                                          num_systems=K), ValueError,
                        "segments[1]"))
   return [f"rank {dist.get_rank()}: {f}" for f in found if f]
+
+
+def _unchunked_failures(mesh) -> list[str]:
+  """Rows that are not DTensor's chunks (``from_local`` of other sizes; at three ranks or
+  more the first rank's rows are its chunk, the others' not): the unsharded bits, by the
+  gathering way on every rank, none left waiting."""
+  ranks, me = dist.get_world_size(), dist.get_rank()
+  if ranks < 2:
+    return []
+  gen = torch.Generator().manual_seed(14)
+  sizes = [2] * ranks
+  sizes[-2] += 1
+  sizes[-1] -= 1
+  whole = [torch.randn(sum(sizes), 5, generator=gen), torch.randn(7 * BLOCK, generator=gen)]
+  start = sum(sizes[:me])
+  uneven = DTensor.from_local(whole[0][start:start + sizes[me]], mesh, [Shard(0)],
+                              run_check=False, shape=whole[0].shape, stride=whole[0].stride())
+  leaves = [uneven, distribute_tensor(whole[1], mesh, [Shard(0)], src_data_rank=None)]
+  found: list[str] = []
+  for p in (2.0, float("inf")):
+    before = sharded.TRAFFIC.snapshot()
+    out, norm = eager.clip_grad_norm(leaves, 0.5, norm_type=p)
+    if sharded.TRAFFIC.gathered_calls != before.gathered_calls + 1:
+      found.append(f"rows not chunks, p={p}: expected the gathering way")
+    want_out, want_norm = eager.clip_grad_norm(whole, 0.5, norm_type=p)
+    if not _same(norm, want_norm):
+      found.append(f"rows not chunks, p={p}: norm {norm} differs from the unsharded {want_norm}")
+    for i, (o, w) in enumerate(zip(out, want_out)):
+      if not _same(o.full_tensor(), w):
+        found.append(f"rows not chunks, p={p}: leaves[{i}] differs from the unsharded output")
+  return [f"rank {me}: {f}" for f in found]
 
 
 def main() -> int:

@@ -23,16 +23,19 @@ from clipbench.impls.own.numba.segments import NO_SEGMENTS, checked_segments
 
 
 class ThreadGroup:
-  """An all-gather among ``size`` threads (one per rank) that checks each payload's size."""
+  """An all-gather among ``size`` threads (one per rank) that checks each payload's size, and
+  with ``point_to_point`` an all-to-all too (as gloo; JAX's replayed rounds have none)."""
 
-  def __init__(self, size: int):
+  def __init__(self, size: int, point_to_point: bool = True):
     self.size = size
+    self.point_to_point = point_to_point
     self.barrier = threading.Barrier(size)
     self.slots: list = [None] * size
-    self.sent = [0] * size
+    self.sent = [0] * size  # all-gather payloads
+    self.sent_point_to_point = [0] * size
 
   def member(self, rank: int) -> "Member":
-    return Member(self, rank)
+    return (PointToPointMember if self.point_to_point else Member)(self, rank)
 
 
 class Member:
@@ -62,6 +65,19 @@ class Member:
     return False
 
 
+class PointToPointMember(Member):
+  """A :class:`Member` that can also send each rank its own bytes."""
+
+  def all_to_all_bytes(self, payloads, sizes):
+    assert len(payloads) == self.size and not payloads[self.rank].size
+    self.group.sent_point_to_point[self.rank] += sum(x.size for x in payloads)
+    every = self._gather([np.array(x, copy=True) for x in payloads])
+    received = [every[g][self.rank] for g in range(self.size)]
+    assert [x.size for x in received] == list(sizes), (
+        f"rank {self.rank}: received {[x.size for x in received]} bytes, expected {sizes}")
+    return received
+
+
 def _split_rows(rows: int, ranks: int, rng) -> list[int]:
   """Row counts per rank, uneven, some possibly empty."""
   cuts = np.sort(rng.integers(0, rows + 1, size=ranks - 1))
@@ -69,8 +85,9 @@ def _split_rows(rows: int, ranks: int, rng) -> list[int]:
 
 
 def sharded_call(op: str, leaves, threshold, *, ranks: int, rng, segments=None,
-                 num_systems=None, replicated=(), reorder=False, **kwargs):
-  """Every rank's (outputs, norms) of the sharded call, and the bytes each rank sent."""
+                 num_systems=None, replicated=(), reorder=False, point_to_point=True, **kwargs):
+  """Every rank's (outputs, norms) of the sharded call, and the bytes each rank sent (by
+  all-gather, point to point)."""
   p = 2.0 if op == "clip_by_max_step" else kwargs.get("norm_type", 2.0)
   nonfinite = kwargs.get("nonfinite", "propagate")
   K = num_systems if segments is not None else 1
@@ -102,10 +119,10 @@ def sharded_call(op: str, leaves, threshold, *, ranks: int, rng, segments=None,
   shards = sharded.ShardLayout(counts, np.array(orders, dtype=np.int64).reshape(nl, ranks),
                                np.array([i in replicated for i in range(nl)], dtype=np.bool_))
   layout = leaf_layout(leaves)
-  group = ThreadGroup(ranks)
+  group = ThreadGroup(ranks, point_to_point)
   results: list = [None] * ranks
   stats: list = [None] * ranks
-  sent = [0] * ranks  # by the call (the check of its sums below sends again)
+  sent = np.zeros((ranks, 2), np.int64)  # by the call (the check of its sums sends again)
   errors: list = []
 
   def rank_main(g: int):
@@ -113,7 +130,7 @@ def sharded_call(op: str, leaves, threshold, *, ranks: int, rng, segments=None,
       segs = NO_SEGMENTS if segments is None else checked_segments(pieces[g], ids[g], K)
       results[g] = sharded.run(pieces[g], layout, threshold, segs, shards, group.member(g), p,
                                nonfinite, step=op == "clip_by_max_step")
-      sent[g] = group.sent[g]
+      sent[g] = group.sent[g], group.sent_point_to_point[g]
       # The folded sums themselves, which few outputs would show: a float32 norm and a
       # factor of 24 bits rarely reveal a changed last bit of a float64 sum.
       source = sharded.ShardedBlocks(Prepared(pieces[g], leaf_layout(pieces[g]), segs), layout,
@@ -148,12 +165,12 @@ def _stats(source, op, p, nonfinite, layout):
 
 
 def assert_unsharded_bits(op, leaves, threshold, *, ranks, seed, replicated=(), reorder=False,
-                          **kwargs):
+                          point_to_point=True, **kwargs):
   rng = np.random.default_rng(seed)
   want_out, want_norms = getattr(api, op)(leaves, threshold, **kwargs)
   results, orders, replicated, sent = sharded_call(op, leaves, threshold, ranks=ranks, rng=rng,
                                                    replicated=replicated, reorder=reorder,
-                                                   **kwargs)
+                                                   point_to_point=point_to_point, **kwargs)
   for g, (out, norms) in enumerate(results):
     np.testing.assert_array_equal(np.asarray(norms).reshape(-1).view(np.uint8),
                                   np.asarray(want_norms).reshape(-1).view(np.uint8),
@@ -275,4 +292,32 @@ def test_bytes_sent_are_block_results_not_leaves(seed):
   leaves = [rng.standard_normal((64 * BLOCK,)).astype(np.float32)]
   sent = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=15 + seed)
   blocks_and_sub_blocks = (64 + BLOCK // SUB_BLOCK) * 9
-  assert max(sent) <= blocks_and_sub_blocks + SUB_BLOCK * 4, sent
+  assert sent.sum(1).max() <= blocks_and_sub_blocks + SUB_BLOCK * 4, sent
+
+
+@pytest.mark.parametrize("nonfinite", ["propagate", "zero"])
+@pytest.mark.parametrize("norm_type", [2.0, 8.0])
+def test_every_piece_all_gathered_where_the_collective_has_no_all_to_all(norm_type, nonfinite):
+  """JAX's replayed rounds have no all-to-all: beyond two ranks the sub-blocks across a
+  boundary are then reduced by every rank from pieces all-gathered, with the same bits."""
+  rng = np.random.default_rng(23)
+  leaves = _model(rng, np.float64 if norm_type == 8.0 else np.float32)
+  assert_unsharded_bits("clip_grad_norm", leaves, 2.0, ranks=4, seed=24, norm_type=norm_type,
+                        nonfinite=nonfinite, point_to_point=False)
+
+
+def test_beyond_two_ranks_blocks_across_a_boundary_are_completed_at_one_rank():
+  """Four ranks: each block across a boundary is completed at the rank that would send the
+  most of it; the others send it their sub-blocks' results and pieces (the smaller side
+  travels), and the all-gather carries block results only, not each rank's pieces to every
+  rank."""
+  rng = np.random.default_rng(25)
+  leaves = [rng.standard_normal((64 * BLOCK + 333,)).astype(np.float32) for _ in range(3)]
+  sent = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=4, seed=26)
+  gathered = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=4, seed=26,
+                                   point_to_point=False)
+  # Every block's result (9 bytes: sum and flags) all-gathered once, by its owner or the rank
+  # that completed it, and nothing else.
+  assert sent[:, 0].sum() == 9 * len(leaves) * -(-leaves[0].size // BLOCK), sent
+  # Sent point to point: at most half of what the all-gather way carries beyond results.
+  assert 0 < 2 * sent[:, 1].sum() <= gathered[:, 0].sum() - sent[:, 0].sum(), (sent, gathered)

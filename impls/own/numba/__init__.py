@@ -10,7 +10,7 @@ Numerical design (SPEC rules 3-5 exactly, at memory speed):
   multiply-add). Max-step takes each block's largest vector sum (:mod:`.max_step`).
 * **Reduction order (rule 11, by construction).** Each system's run of rows in a leaf is cut
   into fixed blocks counted from the run's start (:mod:`.layout`); a block is summed as
-  512-element sub-blocks, each by one compiled loop whose order is a fixed function of its
+  256-element sub-blocks, each by one compiled loop whose order is a fixed function of its
   length, their sums added in order, and a system's block sums are added in leaf order, then
   block order (:mod:`.combine`). Nothing depends on other
   systems, on where the run sits in memory, or on the thread that ran it; sorted ids (row

@@ -29,7 +29,7 @@ from clipbench.impls.own.numba.segments import CheckedSegments, counting_order
 BLOCK = 8192  # elements per block of a run (the unit of parallel work and of summation order)
 # Elements per sub-block: the power-sum block functions add a block's sub-block sums in order
 # (:mod:`.power_sums`), the unit a sharded call splits a block at (:mod:`.sharded`).
-SUB_BLOCK = 512
+SUB_BLOCK = 256
 # Leaves up to this many elements are packed (one C-level concatenate per dtype) instead of
 # being read through their own pointers: per-leaf Python work dominates many small leaves.
 _PACK_MAX = 1 << 14

@@ -14,9 +14,10 @@ peel loops for alignment on x86; a test pins the bits at every offset), the thre
 systems (SPEC rule 11). Squares of <= 32-bit floats are exact in float64, so only that order
 matters. Why sub-blocks: a sharded call (:mod:`.sharded`) must reproduce the sum of a block
 whose elements lie on two ranks; with sub-blocks, each rank sums the sub-blocks it holds whole
-and only the one sub-block across the boundary travels as elements (at most 2 KB of float32),
+and only the one sub-block across the boundary travels as elements (at most 1 KB of float32),
 where a block of one vector reduction would send all of a rank's part of it (up to 32 KB, per
-leaf and per boundary). The extra fold costs one horizontal add per sub-block.
+leaf and per boundary). The extra fold costs one horizontal add per sub-block (no cost seen at
+256 elements against 512 or 8,192: ``docs/sharding.md``).
 A float32 block of squares shorter than ``short_sums.SHORT`` is summed in that module's fixed
 tree instead (no branches for a tiny system's runs; the fused route calls it directly).
 """

@@ -214,12 +214,30 @@ def split(plan: Units, blocks: np.ndarray) -> tuple[Units, np.ndarray]:
   return Units(Blocks(*out[:4]), *out[4:11]), out[11]
 
 
-def raw_bytes(units: Units, indices: np.ndarray, rank: int, codes: np.ndarray) -> int:
-  """Bytes of ``rank``'s pieces of the units ``indices`` (``codes``: the leaves' dtypes)."""
-  pieces = units.pieces_of(rank)
-  pieces = pieces[np.isin(units.piece_unit[pieces], indices)]
-  return int((units.piece_length[pieces] * ITEMSIZE[codes[units.units.leaf[units.piece_unit[
-      pieces]]]]).sum())
+def raw_bytes(units: Units, indices: np.ndarray, ranks: int, codes: np.ndarray) -> np.ndarray:
+  """Bytes of each rank's pieces of the units ``indices`` (``codes``: the leaves' dtypes)."""
+  pieces = np.flatnonzero(np.isin(units.piece_unit, indices))
+  nbytes = units.piece_length[pieces] * ITEMSIZE[codes[units.units.leaf[units.piece_unit[
+      pieces]]]]
+  out = np.zeros(ranks, np.int64)
+  np.add.at(out, units.piece_rank[pieces], nbytes)
+  return out
+
+
+def block_reducers(subs: Units, block_of: np.ndarray, blocks: np.ndarray, ranks: int,
+                   dtypes: tuple, codes: np.ndarray) -> np.ndarray:
+  """The rank that completes each of ``blocks`` (across a boundary, split into the sub-blocks
+  ``subs``; ``block_of`` the block of each, ``dtypes`` a sub-block's results): the one that
+  would send the most bytes of it (its sub-blocks' results and its pieces of the sub-blocks
+  across a boundary), so the others send theirs; the first such rank on a tie."""
+  weight = np.zeros((blocks.size, ranks), np.int64)
+  held = subs.owner >= 0
+  width = sum(np.dtype(d).itemsize for d in dtypes)
+  np.add.at(weight, (np.searchsorted(blocks, block_of[held]), subs.owner[held]), width)
+  unit = subs.piece_unit
+  np.add.at(weight, (np.searchsorted(blocks, block_of[unit]), subs.piece_rank),
+            subs.piece_length * ITEMSIZE[codes[subs.units.leaf[unit]]])
+  return weight.argmax(1)
 
 
 PASS_KINDS = ("merge", "split", "whole")
@@ -241,12 +259,12 @@ def exchange_bytes(shards: ShardLayout, layout: LeafLayout, by_vectors: bool, wi
   if kind == "merge":
     out += [units.pieces_of(g).size * width for g in range(ranks)]
   elif kind == "whole":
-    out += [raw_bytes(units, straddling, g, layout.codes) for g in range(ranks)]
+    out += raw_bytes(units, straddling, ranks, layout.codes)
   else:
     short = units.units.length[straddling] < SHORT
     subs, _ = split(units, straddling[~short])
     across = np.flatnonzero(subs.owner == STRADDLES)
-    out += [raw_bytes(units, straddling[short], g, layout.codes)
-            + subs.owned_by(g).size * sub_width + raw_bytes(subs, across, g, layout.codes)
-            for g in range(ranks)]
+    out += (raw_bytes(units, straddling[short], ranks, layout.codes)
+            + np.array([subs.owned_by(g).size * sub_width for g in range(ranks)], np.int64)
+            + raw_bytes(subs, across, ranks, layout.codes))
   return out

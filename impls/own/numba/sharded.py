@@ -14,9 +14,12 @@ move bits; here every rank instead reaches the *same* per-block results, in the 
   a scaled double-double block (:mod:`.scaled_sums`: float64 leaves, p > 6) are in-order folds
   of their ``SUB_BLOCK``-element sub-blocks' sums, so each rank reduces the sub-blocks of it
   that it holds whole and sends their sums, and only the elements of the one sub-block across
-  the boundary travel (at most 2 KB of float32 per rank, leaf and boundary); every rank
+  the boundary travel (at most 1 KB of float32 per rank, leaf and boundary); every rank
   reduces that sub-block alike and folds (zero mode's power sums send, per sub-block, its sum
-  without non-finite elements too, which a block holding them folds instead). Maxima and
+  without non-finite elements too, which a block holding them folds instead). Beyond two
+  ranks, where the collective has an all-to-all, such a block is instead completed at one rank
+  (the one that would send the most of it): the others send it their sub-blocks' sums and
+  pieces point to point, and only the block's result is all-gathered. Maxima and
   max-step blocks follow from their pieces' results in any split (``merge``): each rank sends
   its pieces'. A pass with neither (none of the kernels' today) sends the ranks' elements of
   the whole block (up to 32 KB), once per call;
@@ -31,13 +34,15 @@ gives the same total), signs for max-step, maxima for p = +-inf; a non-integer p
 flagged systems' magnitudes (near-ties only happen where a test builds them).
 
 Costs: one all-gather of every rank's block and sub-block results and elements (two when a
-first pass takes the maxima). Rows of a system that are interleaved across ranks (unsorted ids
+first pass takes the maxima); beyond two ranks an all-to-all before each, and the all-gather
+carries block results only. Rows of a system that are interleaved across ranks (unsorted ids
 whose systems each hold rows on several ranks) make every such system's run straddle, and its
 elements travel; the bits stay right, the bytes approach the rows'. The ranks must run the
 same compiled kernels (one machine type), as the unsharded call's bits already assume.
 
-The communication is the caller's (:class:`Collective`): torch passes gloo's all-gather
-(:mod:`clipbench.impls.own.torch.sharded`).
+The communication is the caller's (:class:`Collective`): torch passes gloo's all-gather and
+all-to-all (:mod:`clipbench.impls.own.torch.sharded`); JAX's replayed rounds
+(:mod:`clipbench.impls.own.jax.partitioned`) all-gather only.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ class Collective(Protocol):
 
   def all_gather_objects(self, value: Any) -> list[Any]:
     """Every rank's picklable ``value``, by rank index."""
+
+  # Optional (JAX's replayed rounds have none; then every piece goes by all-gather):
+  # def all_to_all_bytes(self, payloads: list[np.ndarray], sizes: list[int]) -> list[np.ndarray]:
+  #   """``payloads[h]`` to rank h; returns what each rank g sent this one (``sizes[g]``
+  #   bytes)."""
 
   def holds_next_round(self) -> bool:
     """Whether every rank's payload of the next all-gather is known here already (a call
@@ -141,9 +151,6 @@ class ShardedBlocks:
 
   def _itemsize(self, units: shard_plan.Units, pieces: np.ndarray) -> np.ndarray:
     return ITEMSIZE[self.layout.codes[units.units.leaf[units.piece_unit[pieces]]]]
-
-  def _raw_size(self, units: shard_plan.Units, indices: np.ndarray, rank: int) -> int:
-    return shard_plan.raw_bytes(units, indices, rank, self.layout.codes)
 
   def _held_addresses(self) -> np.ndarray:
     """The data address of each leaf as this rank's pieces are counted in it (the rows in
@@ -262,23 +269,34 @@ class ShardedBlocks:
           field[my_pieces] = values
     if split is not None:
       whole = straddling[plan.units.length[straddling] < SHORT]  # a short block's own tree
-      subs, block_of = shard_plan.split(plan, straddling[plan.units.length[straddling] >= SHORT])
+      split_blocks = straddling[plan.units.length[straddling] >= SHORT]
+      subs, block_of = shard_plan.split(plan, split_blocks)
+      if split_blocks.size and self._point_to_point(replayed):
+        # Each block across a boundary is completed at one rank and sent as its result.
+        reducer = shard_plan.block_reducers(subs, block_of, split_blocks, ranks, split.dtypes,
+                                            self.layout.codes)
+        self._complete_at_reducers(split, subs, block_of, split_blocks, reducer, targets, args)
+        owned = [np.sort(np.concatenate([owned[g], split_blocks[reducer == g]]))
+                 for g in range(ranks)]
+        split = None
+    if split is not None:
       sub_owned = [subs.owned_by(g) for g in range(ranks)]
       sub_straddling = np.flatnonzero(subs.owner == shard_plan.STRADDLES)
       sub_fields = [np.zeros(block_of.size, d) for d in split.dtypes]
     assemble = key not in self._assembled
     width = sum(t.dtype.itemsize for t in targets)
     sub_width = sum(np.dtype(d).itemsize for d in split.dtypes) if split is not None else 0
-
-    def size_of(g: int) -> int:
-      size = owned[g].size * width
+    raw_whole_sizes = shard_plan.raw_bytes(plan, whole, ranks, self.layout.codes)
+    sizes = [owned[g].size * width for g in range(ranks)]
+    for g in range(ranks):
       if merge is not None:
-        size += plan.pieces_of(g).size * width
+        sizes[g] += plan.pieces_of(g).size * width
       if assemble:
-        size += self._raw_size(plan, whole, g)
-      if split is not None:
-        size += sub_owned[g].size * sub_width + self._raw_size(subs, sub_straddling, g)
-      return size
+        sizes[g] += int(raw_whole_sizes[g])
+    if split is not None:
+      raw_sub_sizes = shard_plan.raw_bytes(subs, sub_straddling, ranks, self.layout.codes)
+      for g in range(ranks):
+        sizes[g] += sub_owned[g].size * sub_width + int(raw_sub_sizes[g])
 
     mine = []
     if not replayed:
@@ -295,8 +313,7 @@ class ShardedBlocks:
         mine += [f[sub_owned[me]].view(np.uint8) for f in sub_fields]
         mine.append(self._raw(subs, sub_straddling))
     received = self.collective.all_gather_bytes(
-        np.concatenate(mine) if mine else np.zeros(0, np.uint8),
-        [size_of(g) for g in range(ranks)])
+        np.concatenate(mine) if mine else np.zeros(0, np.uint8), sizes)
     raw_whole, raw_subs = [], []
     for g, payload in enumerate(received):
       theirs_too = g != me or replayed  # this rank's own results are already in place
@@ -314,7 +331,7 @@ class ShardedBlocks:
             field[theirs] = payload[cursor:cursor + n].view(field.dtype)
           cursor += n
       if assemble:
-        n = self._raw_size(plan, whole, g)
+        n = int(raw_whole_sizes[g])
         raw_whole.append(payload[cursor:cursor + n])
         cursor += n
       if split is not None:
@@ -323,7 +340,7 @@ class ShardedBlocks:
           if theirs_too:
             field[sub_owned[g]] = payload[cursor:cursor + n].view(field.dtype)
           cursor += n
-        raw_subs.append(payload[cursor:size_of(g)])
+        raw_subs.append(payload[cursor:sizes[g]])
     if assemble:
       self._assembled[key] = self._assemble(plan, whole, raw_whole)
     done = self._assembled[key]
@@ -343,6 +360,64 @@ class ShardedBlocks:
         for field, values in zip(sub_fields, reduced):
           field[sub_straddling] = values
       split.fold(block_of, *sub_fields, *targets)
+
+  def _point_to_point(self, replayed: bool) -> bool:
+    """Whether blocks across a boundary are completed at one rank from what the others send
+    it (two exchanges) rather than by every rank from sub-block results and pieces
+    all-gathered (one). Beyond two ranks an all-gather hands everything to every rank (a rank
+    writes ``ranks - 1`` times its payload, padded to the largest rank's): most of a call's
+    bytes."""
+    return (self.collective.size > 2 and not replayed
+            and hasattr(self.collective, "all_to_all_bytes"))
+
+  def _complete_at_reducers(self, split, subs: shard_plan.Units, block_of: np.ndarray,
+                            blocks: np.ndarray, reducer: np.ndarray, targets: list, args) -> None:
+    """The point-to-point round of a ``split`` pass: for each block of ``blocks`` (across a
+    boundary; ``subs`` its sub-blocks, ``block_of`` the block of each) that rank
+    ``reducer`` completes, every other rank sends that rank the results of its whole
+    sub-blocks and its pieces of the sub-blocks across a boundary; this rank folds the blocks
+    it completes into ``targets``."""
+    me, ranks = self.collective.rank, self.collective.size
+    completes = reducer[np.searchsorted(blocks, block_of)]  # per sub-block
+    fields = [np.zeros(block_of.size, d) for d in split.dtypes]
+    held = subs.owned_by(me)
+    for field, values in zip(fields, self._reduce(split.kernel, tuple(fields), subs, held, args)):
+      field[held] = values
+    across = np.flatnonzero(subs.owner == shard_plan.STRADDLES)
+    here = across[completes[across] == me]
+
+    def results(g: int, h: int) -> np.ndarray:  # what rank g sends rank h of its sub-blocks
+      return np.flatnonzero((subs.owner == g) & (completes == h))
+
+    sends = [np.zeros(0, np.uint8) if h == me else np.concatenate(
+        [f[results(me, h)].view(np.uint8) for f in fields]
+        + [self._raw(subs, across[completes[across] == h])]) for h in range(ranks)]
+    raw_sizes = shard_plan.raw_bytes(subs, here, ranks, self.layout.codes)
+    width = sum(f.dtype.itemsize for f in fields)
+    sizes = [0 if g == me else results(g, me).size * width + int(raw_sizes[g])
+             for g in range(ranks)]
+    received = self.collective.all_to_all_bytes(sends, sizes)
+    raw = []
+    for g, payload in enumerate(received):
+      if g == me:
+        raw.append(self._raw(subs, here))
+        continue
+      theirs, cursor = results(g, me), 0
+      for field in fields:
+        n = theirs.size * field.dtype.itemsize
+        field[theirs] = payload[cursor:cursor + n].view(field.dtype)
+        cursor += n
+      raw.append(payload[cursor:])
+    if here.size:
+      done = self._assemble(subs, here, raw)
+      reduced = _like(tuple(fields), here.size)
+      threads.parallel(split.kernel, done.units.length, *reduced, done.leaves, done.units,
+                       *args)
+      for field, values in zip(fields, reduced):
+        field[here] = values
+    mine = completes == me
+    if mine.any():
+      split.fold(block_of[mine], *[f[mine] for f in fields], *targets)
 
   def ties_kept(self, systems: list[int], c: np.ndarray, p: float, step: bool) -> list[bool]:
     """The exact decisions of near-ties from every rank's exact partials of those systems."""

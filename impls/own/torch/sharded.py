@@ -10,11 +10,13 @@ block order), so the ranks exchange *block results*, and every rank folds them i
 unsharded order (:mod:`clipbench.impls.own.numba.sharded`): a block wholly on one rank is
 reduced there; a block that straddles a boundary travels as the results of its sub-blocks or
 pieces each rank holds, plus the elements of the one sub-block across the boundary, and is
-completed by every rank; near-ties are settled from exact per-rank partials. A call makes two
-all-gathers (one more per-system, one more when the kernels take a first pass for the maxima:
-float64 leaves, p > 6): the rows of every rank (and the span of systems it holds), its row
-counts per system over that span, then the block results; each rank scales its own rows, and
-outputs keep their placements.
+completed by every rank (beyond two ranks: at one rank, sent the others' sub-block sums and
+smaller pieces point to point); near-ties are settled from exact per-rank partials. Every
+rank's rows are DTensor's chunks, known from metadata, so a call makes one all-gather of block
+results (one more when the kernels take a first pass for the maxima: float64 leaves, p > 6;
+an all-to-all before each beyond two ranks); a per-system call first all-gathers whether each
+rank's ids are in range with the span of systems it holds, then its row counts per system
+over that span. Each rank scales its own rows, and outputs keep their placements.
 
 Which leaves take which way (decided from metadata, so every rank takes the same):
 

@@ -6,11 +6,13 @@ One rank's call:
 1. its rows of each leaf (``to_local()``; a replicated leaf whole; a leaf of another placement
    made whole by ``full_tensor()``), its rows' segment ids, the checks of the unsharded call
    applied to them;
-2. an all-gather of a few integers per leaf: whether the rank's checks passed, its rows'
-   place in each leaf and, per-system, the span of systems it holds rows of; then one of its
-   rows per system over those spans (:meth:`GlooCollective.all_gather_layout`); any failed
-   check on any rank sends every rank the gathering way, whose unsharded call raises its
-   error on every rank;
+2. every rank's rows of each ``Shard(0)`` leaf, from metadata (DTensor's chunks). A rank
+   whose rows are other (``from_local`` of other sizes) says so with the first exchange of
+   block results, taking part with zeros, and every rank then leaves for the gathering way.
+   A per-system call first all-gathers whether each rank's checks passed (ids in range in its
+   rows) and the span of systems it holds, then its rows per system over those spans
+   (:meth:`GlooCollective.all_gather_layout`). A failed check sends every rank the gathering
+   way, whose unsharded call raises its error on every rank;
 3. the numba kernels' sharded general route (:mod:`clipbench.impls.own.numba.sharded`): block
    results exchanged, folded in the unsharded order, each rank scaling its own rows;
 4. each output back as a DTensor with its leaf's mesh, placements, shape and stride (its
@@ -20,6 +22,7 @@ One rank's call:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import Any
 
@@ -76,6 +79,11 @@ def like_input(output: Any, leaf: Any) -> Any:
   return replicated.redistribute(mesh, placements)
 
 
+class AbandonedCall(Exception):
+  """Raised on every rank by the exchange that carried a rank's word that its rows are not
+  where the others assumed (:meth:`GlooCollective.vouch`)."""
+
+
 class GlooCollective:
   """:class:`clipbench.impls.own.numba.sharded.Collective` over a process group."""
 
@@ -83,8 +91,26 @@ class GlooCollective:
     self.group = group
     self.rank = dist.get_rank(group)
     self.size = dist.get_world_size(group)
+    self._vouch: bool | None = None
+
+  def vouch(self, valid: bool) -> None:
+    """Sends ``valid`` (this rank's rows are where every rank assumes) with the next
+    all-gather, which then raises :class:`AbandonedCall` on every rank if any rank's is false:
+    a call whose layout every rank knows from metadata agrees on it without a round of its
+    own."""
+    self._vouch = valid
 
   def all_gather_bytes(self, payload: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    vouch, self._vouch = self._vouch, None
+    if vouch is None:
+      return self._all_gather(payload, sizes)
+    word = np.array([int(vouch)], np.int64).view(np.uint8)
+    every = self._all_gather(np.concatenate([word, payload]), [n + word.size for n in sizes])
+    if not all(e[:word.size].view(np.int64)[0] == 1 for e in every):
+      raise AbandonedCall
+    return [e[word.size:] for e in every]
+
+  def _all_gather(self, payload: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     width = max(sizes)
     if width == 0:  # every rank knows every size: all skip alike
       return [np.zeros(0, np.uint8) for _ in sizes]
@@ -94,6 +120,14 @@ class GlooCollective:
     TRAFFIC.bytes_sent += width
     dist.all_gather(every, mine, group=self.group)
     return [t[:n].numpy() for t, n in zip(every, sizes)]
+
+  def all_to_all_bytes(self, payloads: list[np.ndarray], sizes: list[int]) -> list[np.ndarray]:
+    send = np.concatenate(payloads) if payloads else np.zeros(0, np.uint8)
+    received = torch.empty(sum(sizes), dtype=torch.uint8)
+    TRAFFIC.bytes_sent += send.size
+    dist.all_to_all_single(received, torch.from_numpy(send), list(sizes),
+                           [p.size for p in payloads], group=self.group)
+    return np.split(received.numpy(), np.cumsum(sizes)[:-1])
 
   def all_gather_objects(self, value: Any) -> list[Any]:
     every: list[Any] = [None] * self.size
@@ -107,16 +141,10 @@ class GlooCollective:
     """Every rank's int64 ``header`` (equally long on every rank) and int32 per-system
     ``counts`` (leaves, systems), as (headers, counts) with rows by rank.
 
-    One all-gather when there is one system (the counts are the header's rows). Otherwise
-    each leaf's counts travel only over the span of systems the rank holds rows of (sorted ids
+    Each leaf's counts travel only over the span of systems the rank holds rows of (sorted ids
     put a rank's systems in one run): the spans go in the header, the counts in a second
     all-gather of known sizes, so a rank sends its own systems' counts, not every system's."""
     nl, systems = counts.shape
-    if systems == 1:
-      every = self.all_gather_bytes(header.astype(np.int64).view(np.uint8),
-                                    [header.size * 8] * self.size)
-      headers = np.stack([e.view(np.int64) for e in every])
-      return headers, headers[:, 1:1 + 2 * nl:2].astype(np.int32)[:, :, None]
     held = counts != 0
     first = np.where(held.any(1), held.argmax(1), 0)
     last = np.where(held.any(1), systems - held[:, ::-1].argmax(1), 0)
@@ -137,21 +165,39 @@ class GlooCollective:
     return np.stack([e[:header.size] for e in every]), every_counts
 
 
-def _row_offset(x: Any, local_rows: int, coordinates: dict[int, tuple[int, int]]) -> int:
-  """Where this rank's rows start in a ``Shard(0)`` leaf of a 1-D mesh, by DTensor's chunking
-  (``torch.chunk``: ``ceil(rows / ranks)`` rows per rank in mesh order, the last ones short or
-  empty), or -1 when its ``local_rows`` are not that chunk (``from_local`` of other sizes).
-  ``coordinates`` caches this rank's coordinate and the mesh's size, per mesh."""
-  mesh = x.device_mesh
-  if id(mesh) not in coordinates:
-    coordinates[id(mesh)] = (mesh.get_coordinate()[0], mesh.size())
-  coordinate, ranks = coordinates[id(mesh)]
-  rows = x.shape[0]
-  chunk = -(-rows // ranks)
-  start = min(coordinate * chunk, rows)
-  return start if local_rows == min(chunk, rows - start) else -1
+def _chunks(rows: np.ndarray, coordinates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(starts, rows) of each rank's ``Shard(0)`` chunk of leaves of ``rows`` rows on 1-D meshes
+  (``coordinates``: leaves by group rank): DTensor's chunking (``torch.chunk``:
+  ``ceil(rows / ranks)`` rows per rank in mesh order, the last ones short or empty)."""
+  chunk = -(-rows // coordinates.shape[1])
+  starts = np.minimum(coordinates * chunk[:, None], rows[:, None])
+  return starts, np.minimum(chunk[:, None], rows[:, None] - starts)
 
 
+class _MeshOrder:
+  """Each rank's coordinate on the leaves' 1-D meshes (one mesh's group ranks every mesh:
+  :func:`.sharded._partial_ways` admits meshes of the same members only), per mesh."""
+
+  def __init__(self, group: Any):
+    self.ranks = np.array(dist.get_process_group_ranks(group))
+    self._of: dict[int, np.ndarray] = {}
+
+  def coordinates(self, mesh: Any) -> np.ndarray:
+    """Mesh coordinate by group rank."""
+    if id(mesh) not in self._of:
+      members = mesh.mesh.reshape(-1).tolist()
+      self._of[id(mesh)] = np.array([members.index(r) for r in self.ranks.tolist()])
+    return self._of[id(mesh)]
+
+
+def _to_local(x: Any) -> torch.Tensor:
+  """``x.to_local()``, without the autograd node that costs most of its time (about 2.5 us a
+  leaf): the rows are only read, and the call's outputs carry no graph."""
+  local = getattr(x, "_local_tensor", None)
+  return local if isinstance(local, torch.Tensor) else x.to_local()
+
+
+@functools.lru_cache(maxsize=1024)
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
   strides, step = [], 1
   for n in reversed(shape):
@@ -217,26 +263,29 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   rows_at = [i for i, w in enumerate(ways) if w == "rows"]
   if not rows_at:
     return None  # every leaf whole on every rank already: the unsharded call moves nothing
-  collective = GlooCollective(leaves[rows_at[0]].device_mesh.get_group(0))
-  local = [x.to_local() if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
+  group = leaves[rows_at[0]].device_mesh.get_group(0)
+  collective = GlooCollective(group)
+  me, nl = collective.rank, len(leaves)
+  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
   local_rows = [t.shape[0] if t.dim() else 1 for t in local]
-  coordinates: dict[int, tuple[int, int]] = {}
-  offsets = [_row_offset(x, n, coordinates) if w == "rows" else 0
-             for x, w, n in zip(leaves, ways, local_rows)]
+  # Every rank's rows of each leaf by DTensor's chunking; a rank whose rows are other
+  # (``from_local`` of other sizes) takes part with zeros and vouches against the call.
+  order = _MeshOrder(group)
+  rows = np.repeat(np.array(local_rows, np.int64)[:, None], collective.size, 1)
+  starts = np.zeros_like(rows)
+  starts[rows_at], rows[rows_at] = _chunks(
+      np.array([leaves[i].shape[0] for i in rows_at], np.int64),
+      np.stack([order.coordinates(leaves[i].device_mesh) for i in rows_at]))
+  chunked = bool((rows[:, me] == local_rows).all())
   segments = call.segments
   if segments is not None:
     segments = [_local_segments(x, w, s, o, n)
-                for x, w, s, o, n in zip(leaves, ways, segments, offsets, local_rows)]
+                for x, w, s, o, n in zip(leaves, ways, segments, starts[:, me], local_rows)]
   threshold = call.threshold
   if isinstance(threshold, DTensor):
     threshold = full_tensor(threshold)
   op = call.op
   K = _system_count(call)
-  nl = len(leaves)
-  # Per-system counts as int32 (rows below 2**31 per leaf): half the bytes of the exchange
-  # that per-system calls pay per system.
-  header = np.zeros(1 + 2 * nl, dtype=np.int64)
-  counts = np.zeros((nl, K), dtype=np.int32)
   try:
     checked_leaves = check_leaves([t.detach() for t in local])
     ids, num_systems = check_segments(checked_leaves, segments, call.num_systems)
@@ -247,33 +296,48 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     host = [host_route.to_numpy(t) for t in checked_leaves]
     host_ids = None if ids is None else [g.numpy() for g in ids]
     segs = NO_SEGMENTS if ids is None else checked_segments(host, host_ids, num_systems)
-    if num_systems != K or min(offsets) < 0:
+    if num_systems != K:
       raise ValueError("the exchanged counts would not describe this call")
-    if max(local_rows) >= 1 << 31:
-      raise ValueError("more rows than int32 counts hold")
-    header[1::2] = local_rows
-    header[2::2] = offsets
-    if host_ids is None:
-      counts[:, 0] = local_rows
-    else:
-      for i, g in enumerate(host_ids):
-        counts[i] = np.bincount(g, minlength=K)
-    header[0] = 1
+    valid = True
   except (TypeError, ValueError):
-    header[:] = 0
-  headers, every_counts = collective.all_gather_layout(header, counts)
-  if not headers[:, 0].all():
-    return None
-  shards = _shard_layout(leaves, ways, headers, every_counts, K)
-  if shards is None:
-    return None
+    valid = False
+  if call.segments is None:
+    # No ids: every rank's rows are known from metadata, the checks above read arguments every
+    # rank shares (so fail on every rank alike), and whether the rows are the chunks travels
+    # with the first exchange of block results.
+    if not valid:
+      return None
+    if not chunked:
+      host = [np.zeros((n,) + tuple(x.shape[1:]), _NUMPY_DTYPE[x.dtype]) if w == "rows" else h
+              for x, w, h, n in zip(leaves, ways, host, rows[:, me])]
+    collective.vouch(chunked)
+    every_counts = rows.T[:, :, None]
+  else:
+    # Per-system counts, ``int32`` (rows below 2**31 per leaf): half the bytes of the exchange
+    # that per-system calls pay per system, gathered with whether every rank's checks (ids in
+    # range in its rows) passed.
+    counts = np.zeros((nl, K), dtype=np.int32)
+    valid = valid and chunked and max(local_rows) < 1 << 31
+    if valid:
+      if host_ids is None:
+        counts[:, 0] = local_rows
+      else:
+        for i, g in enumerate(host_ids):
+          counts[i] = np.bincount(g, minlength=K)
+    agreed, every_counts = collective.all_gather_layout(np.array([valid], np.int64), counts)
+    if not agreed[:, 0].all():
+      return None
+  shards = _shard_layout(ways, rows, starts, every_counts)
   layout = leaf_layout_of([tuple(x.shape) for x in leaves], [_NUMPY_DTYPE[x.dtype]
                                                              for x in leaves])
   # Ranks share the machine's cores: the kernels take torch's intra-op thread count (torchrun
   # sets 1 per rank), as torch's own clipping on these tensors does.
   with threads.at_most(torch.get_num_threads()):
-    outs, norms = numba_sharded.run(host, layout, checked.values, segs, shards, collective, p,
-                                    nonfinite, step=op == "clip_by_max_step")
+    try:
+      outs, norms = numba_sharded.run(host, layout, checked.values, segs, shards, collective,
+                                      p, nonfinite, step=op == "clip_by_max_step")
+    except AbandonedCall:
+      return None
   outputs = []
   for out, x, way in zip(outs, leaves, ways):
     t = host_route.to_tensor(out)
@@ -284,22 +348,12 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   return outputs, torch.from_numpy(np.ascontiguousarray(np.asarray(norms).reshape(-1)))
 
 
-def _shard_layout(leaves: list[Any], ways: list[str], every: np.ndarray, every_counts: np.ndarray,
-                  K: int):
-  """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of the gathered messages, or
-  None when some leaf's rows are not contiguous chunks covering it in some rank order."""
-  ranks, nl = every.shape[0], len(leaves)
-  rows = every[:, 1:1 + 2 * nl:2].T  # (leaves, ranks)
-  starts = every[:, 2:2 + 2 * nl:2].T
-  counts = every_counts.astype(np.int64).reshape(ranks, nl, K)
+def _shard_layout(ways: list[str], rows: np.ndarray, starts: np.ndarray,
+                  every_counts: np.ndarray) -> numba_sharded.ShardLayout:
+  """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of each leaf's rows
+  (``rows``, ``starts``: leaves by group rank) and every rank's per-system counts."""
   split = np.array([w == "rows" for w in ways])
   # Each leaf's ranks in the order of their rows (a rank holding none first at its place).
-  order = np.where(split[:, None], np.lexsort((rows, starts)), np.arange(ranks))
-  held = np.take_along_axis(rows, order, 1)
-  ends = np.cumsum(held, 1)
-  placed = np.take_along_axis(starts, order, 1) == ends - held
-  whole = ends[:, -1] == np.array([x.shape[0] if x.dim() else 1 for x in leaves])
-  if not (placed.all(1) & whole)[split].all():
-    return None
-  return numba_sharded.ShardLayout(np.ascontiguousarray(counts), order.astype(np.int64),
-                                   ~split)
+  order = np.where(split[:, None], np.lexsort((rows, starts)), np.arange(rows.shape[1]))
+  return numba_sharded.ShardLayout(np.ascontiguousarray(every_counts, np.int64),
+                                   order.astype(np.int64), ~split)
