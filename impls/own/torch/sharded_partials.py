@@ -175,8 +175,9 @@ def _chunks(rows: np.ndarray, coordinates: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 class _MeshOrder:
-  """Each rank's coordinate on the leaves' 1-D meshes (one mesh's group ranks every mesh:
-  :func:`.sharded._partial_ways` admits meshes of the same members only), per mesh."""
+  """Each group rank's coordinate on each of the leaves' 1-D meshes (the meshes may order
+  their ranks differently; :func:`.sharded._partial_ways` admits meshes of the same members
+  only, so one group's ranks are on all of them)."""
 
   def __init__(self, group: Any):
     self.ranks = np.array(dist.get_process_group_ranks(group))
