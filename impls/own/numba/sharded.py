@@ -69,7 +69,12 @@ _ALIGN = 64  # bytes: each assembled straddling block starts on a cache line
 
 
 class Collective(Protocol):
-  """The exchanges of one call among the ranks of a group (every rank makes the same calls)."""
+  """The exchanges of one call among the ranks of a group (every rank makes the same calls).
+
+  A collective may also have ``all_to_all_bytes(payloads, sizes)``: ``payloads[h]`` (uint8)
+  to rank h, returning what each rank g sent this one (``sizes[g]`` bytes). Beyond two ranks
+  the blocks across a boundary are then completed at one rank; without it (JAX's replayed
+  rounds) their pieces are all-gathered."""
 
   rank: int  # this rank's index in the group
   size: int
@@ -79,11 +84,6 @@ class Collective(Protocol):
 
   def all_gather_objects(self, value: Any) -> list[Any]:
     """Every rank's picklable ``value``, by rank index."""
-
-  # Optional (JAX's replayed rounds have none; then every piece goes by all-gather):
-  # def all_to_all_bytes(self, payloads: list[np.ndarray], sizes: list[int]) -> list[np.ndarray]:
-  #   """``payloads[h]`` to rank h; returns what each rank g sent this one (``sizes[g]``
-  #   bytes)."""
 
   def holds_next_round(self) -> bool:
     """Whether every rank's payload of the next all-gather is known here already (a call
