@@ -5,9 +5,12 @@
 For W1 (``clip_grad_norm``, 200 leaves) and W3 (per-system ``clip_by_global_norm``, positions
 and cells with their segments), each rank holds ``Shard(0)`` of every leaf (and of the segment
 ids). Implementations: ours (``clipbench.torch``: block results exchanged,
-``impls/own/torch/sharded.py``), ours the former way (``clipbench.torch.gathering``: every
-leaf gathered, the unsharded call on every rank), and ``torch.nn.utils.clip_grad_norm_`` on the
-same DTensor gradients (W1 only: it has no per-system form).
+``impls/own/torch/sharded.py``), ours on its CUDA route (``clipbench.torch.cuda-route``: CPU
+tensors sent down the branches a GPU takes, ``branches.accelerator_branches``, so per-system
+measures are exchanged as a GPU rank's would be, over gloo instead of NCCL), ours the former
+way (``clipbench.torch.gathering``: every leaf gathered, the unsharded call on every rank), and
+``torch.nn.utils.clip_grad_norm_`` on the same DTensor gradients (W1 only: it has no
+per-system form).
 
 Per implementation and number of ranks, printed:
 
@@ -55,12 +58,20 @@ def _tensors(inputs: workloads.WorkloadInputs):
   return leaves, segments
 
 
-def _own_call(inputs, leaves, segments):
-  from clipbench.impls.own.torch import eager  # pylint: disable=import-outside-toplevel
+def _own_call(inputs, leaves, segments, cuda_route: bool = False):
+  from clipbench.impls.own.torch import branches, eager  # pylint: disable=import-outside-toplevel
   if inputs.segments is None:
-    return lambda: eager.clip_grad_norm(leaves, inputs.threshold)
-  return lambda: eager.clip_by_global_norm(leaves, inputs.threshold, segments=segments,
-                                           num_systems=inputs.num_systems)
+    call = lambda: eager.clip_grad_norm(leaves, inputs.threshold)
+  else:
+    call = lambda: eager.clip_by_global_norm(leaves, inputs.threshold, segments=segments,
+                                             num_systems=inputs.num_systems)
+  if not cuda_route:
+    return call
+
+  def on_cuda_route():
+    with branches.accelerator_branches():
+      return call()
+  return on_cuda_route
 
 
 def _library_call(inputs, grads, foreach: bool):
@@ -86,7 +97,8 @@ def _gathering_call(inputs, leaves, segments):
 
 
 def _calls(inputs, leaves, segments, distributed: bool = False) -> dict:
-  calls = {"clipbench.torch": _own_call(inputs, leaves, segments)}
+  calls = {"clipbench.torch": _own_call(inputs, leaves, segments),
+           "clipbench.torch.cuda-route": _own_call(inputs, leaves, segments, cuda_route=True)}
   if distributed:
     calls["clipbench.torch.gathering"] = _gathering_call(inputs, leaves, segments)
   if inputs.segments is None:
@@ -239,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
   for name in WORKLOADS:
     inputs = workloads.get(name).build(args.scale)
     leaves, segments = _tensors(inputs)
-    unsharded[name] = _times(_own_call(inputs, [x.clone() for x in leaves], segments),
-                             args.repeats)
+    for impl in ("clipbench.torch", "clipbench.torch.cuda-route"):
+      unsharded[name, impl] = _times(_own_call(inputs, [x.clone() for x in leaves], segments,
+                                               cuda_route=impl.endswith("cuda-route")),
+                                     args.repeats)
   print(f"{'workload':16} {'implementation':30} {'ranks':>5} {'seconds':>17} {'ratio':>17} "
         f"{'sent/call':>10} {'% shard':>8} {'peak MB':>8}")
   for world in args.worlds:
@@ -251,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
       rows.append(queue.get())
     peer = {name: seconds for name, impl, seconds, _ in rows if impl == "torch.clip_grad_norm_"}
     for name, impl, (median, least), every in rows:
-      base, against = (peer[name], "vs torch") if name in peer else (unsharded[name],
+      route = "clipbench.torch.cuda-route" if impl.endswith("cuda-route") else "clipbench.torch"
+      base, against = (peer[name], "vs torch") if name in peer else (unsharded[name, route],
                                                                       "vs unsharded")
       sent = max(e[0] for e in every)
       share = max(e[0] / e[2] for e in every)
@@ -259,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
       print(f"{name:16} {impl:30} {world:5d} {median:8.4f}/{least:8.4f} "
             f"{median / base[0]:5.2f}/{least / base[1]:5.2f} {against:12} {sent:10.0f} "
             f"{100 * share:7.2f}% {peak / 2**20:8.1f}")
-  print(f"unsharded clipbench.torch (this process, every core): "
-        + ", ".join(f"{n} {m:.4f}/{s:.4f} s" for n, (m, s) in unsharded.items()))
+  print("unsharded, this process, every core: " + ", ".join(
+      f"{impl} {n} {m:.4f}/{s:.4f} s" for (n, impl), (m, s) in unsharded.items()))
   return 0
 
 

@@ -1,4 +1,4 @@
-"""Our torch implementation's DTensor contract, checked in a gloo group of two ranks.
+"""Our torch implementation's DTensor contract, checked in a gloo group of three ranks.
 
   python -m clipbench.conformance.sharding_torch.own_contract   (RANK, WORLD_SIZE, MASTER_*)
 
@@ -8,8 +8,10 @@ naming it; a bad argument with DTensor leaves gets the unsharded call's error, o
 also when only one rank's rows hold it (an id out of range), instead of leaving the others
 waiting in a collective. And the way there on CPU DTensors: ranks exchange block results, not
 leaves (no call takes the gathering way, and what a rank sends, counted exactly by
-``sharded.TRAFFIC``, is bounded by block results and one sub-block per leaf and boundary).
-Prints one line per failed check and exits 1 when any failed.
+``sharded.TRAFFIC``, is bounded by block results and one sub-block per leaf and boundary);
+on the CUDA route (CPU tensors sent down it, ``branches.accelerator_branches``): per-system
+measures, a few float64 values per system, with near-ties decided from every rank's exact
+partials. Prints one line per failed check and exits 1 when any failed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from clipbench.impls.own.numba.layout import BLOCK, SUB_BLOCK
-from clipbench.impls.own.torch import eager, sharded
+from clipbench.impls.own.torch import branches, eager, sharded
 
 # A leaf of many blocks per rank: the bound below fails if the leaf itself travels.
 _BIG = 256 * BLOCK
@@ -59,6 +61,7 @@ def failures() -> list[str]:
                        "segments[0]"))
   found += _partials_failures(mesh)
   found += _unchunked_failures(mesh)
+  found += _intervals_failures(mesh)
   return [f for f in found if f]
 
 
@@ -67,8 +70,33 @@ def _same(got, want) -> bool:
                                                  want.reshape(-1).view(torch.uint8))
 
 
+def _blocks_bound(leaves, systems: int) -> int:
+  """What the numba way may send in a call: the layout (rows, offsets and held systems'
+  spans, per-system counts), 9 bytes a block, and per leaf and boundary (two for a middle
+  rank) the sums of the sub-blocks of one block and the elements of one sub-block."""
+  blocks = sum(-(-x.to_local().numel() // BLOCK) for x in leaves)
+  return 8 * (1 + 4 * len(leaves)) + 4 * systems * len(leaves) + 9 * (
+      blocks + systems * len(leaves)) + 2 * len(leaves) * (9 * BLOCK // SUB_BLOCK + 8 * SUB_BLOCK)
+
+
+def _intervals_bound(leaves, systems: int) -> int:
+  """What the intervals way may send in a call without near-ties: a validity word and, per
+  system, at most four float64 values (count, and a pass's two results, or two passes' one
+  and two)."""
+  del leaves
+  return 8 * (1 + 4 * systems)
+
+
+def _wide_intervals_bound(leaves, systems: int) -> int:
+  """The same for float64 power sums (p = 1, 2): per system the count, the factor bits, the
+  maximum (it sets the extraction's grid) and four extracted pieces, and a depth bound."""
+  del leaves
+  return 8 * (2 + 7 * systems)
+
+
 def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
-                found: list[str]) -> None:
+                found: list[str], bound_of=_blocks_bound) -> int:
+  """Checks one call against the unsharded one; returns the bytes this rank sent."""
   before = sharded.TRAFFIC.snapshot()
   out, norms = fn(*sharded_args, **kwargs)
   after = sharded.TRAFFIC.snapshot()
@@ -76,14 +104,8 @@ def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
   if after.gathered_calls != before.gathered_calls:
     found.append(f"{name}: the call gathered its leaves")
   sent = after.bytes_sent - before.bytes_sent
-  # The layout (rows, offsets and held systems' spans, per-system counts), 9 bytes a block,
-  # and per leaf and boundary (two for a middle rank) the sums of the sub-blocks of one block
-  # and the elements of one sub-block.
-  systems = kwargs.get("num_systems", 1)
-  blocks = sum(-(-x.to_local().numel() // BLOCK) for x in sharded_args[0])
-  bound = 8 * (1 + 4 * len(out)) + 4 * systems * len(out) + 9 * (blocks + systems * len(out)) + \
-      2 * len(out) * (9 * BLOCK // SUB_BLOCK + 8 * SUB_BLOCK)
-  if sent > bound:
+  bound = None if bound_of is None else bound_of(sharded_args[0], kwargs.get("num_systems", 1))
+  if bound is not None and sent > bound:
     found.append(f"{name}: sent {sent} bytes, more than {bound}")
   if not _same(norms, want_norms):
     found.append(f"{name}: norms {norms} differ from the unsharded {want_norms}")
@@ -92,6 +114,7 @@ def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
       found.append(f"{name}: leaves[{i}] came back {o.placements}")
     if not _same(o.full_tensor(), w):
       found.append(f"{name}: leaves[{i}] differs from the unsharded output")
+  return sent
 
 
 def _partials_failures(mesh) -> list[str]:
@@ -155,6 +178,104 @@ def _unchunked_failures(mesh) -> list[str]:
       if not _same(o.full_tensor(), w):
         found.append(f"rows not chunks, p={p}: leaves[{i}] differs from the unsharded output")
   return [f"rank {me}: {f}" for f in found]
+
+
+def _intervals_failures(mesh) -> list[str]:
+  """The CUDA route on CPU tensors (``branches.accelerator_branches``): per-system measures
+  exchanged, not leaves, also over rows that are not DTensor's chunks; near-ties decided from
+  every rank's exact partials; an error one rank sees raised on every rank."""
+  if dist.get_world_size() < 2:
+    return []
+  gen = torch.Generator().manual_seed(30)
+  ranks = dist.get_world_size()
+  whole = [torch.randn(_BIG + 11, generator=gen), torch.randn(4001, 3, generator=gen),
+           torch.randn(5, generator=gen).to(torch.bfloat16),
+           torch.randn(7, 2, generator=gen).to(torch.float16)]
+  place = [Shard(0), Shard(0), Replicate(), Shard(0)]
+  leaves = [distribute_tensor(x, mesh, [p], src_data_rank=None) for x, p in zip(whole, place)]
+  found: list[str] = []
+  with branches.accelerator_branches():
+    for p in (2.0, 1.0, 3.0, float("inf"), float("-inf")):
+      _check_call(f"CUDA route: clip_grad_norm p={p}", eager.clip_grad_norm, (leaves, 3.0),
+                  (whole, 3.0), dict(norm_type=p), dict(norm_type=p), found, _intervals_bound)
+    K = 64
+    ids = [torch.randint(0, K, (x.shape[0],), generator=gen) for x in whole]
+    placed_ids = [distribute_tensor(s, mesh, [p], src_data_rank=None)
+                  for s, p in zip(ids, place)]
+    threshold = torch.rand(K, generator=gen, dtype=torch.float64) * 40
+    for op, kw in (("clip_by_global_norm", {}), ("clip_by_global_norm", dict(norm_type=3.0)),
+                   ("clip_by_max_step", {})):
+      _check_call(f"CUDA route: {op} {kw}", getattr(eager, op), (leaves, threshold),
+                  (whole, threshold), dict(segments=placed_ids, num_systems=K, **kw),
+                  dict(segments=ids, num_systems=K, **kw), found, _intervals_bound)
+    # float64 leaves: error-free extractions reduced (p = 1, 2), the exact path for every
+    # system (p = 3, max-step); a non-integer p takes the gathering way (its exact path needs
+    # every magnitude).
+    wide = [whole[1].to(torch.float64), whole[2], whole[3].to(torch.float64)]
+    wide_leaves = [distribute_tensor(x, mesh, [p], src_data_rank=None)
+                   for x, p in zip(wide, place[1:])]
+    for p in (2.0, 1.0, 3.0):
+      _check_call(f"CUDA route: float64 clip_grad_norm p={p}", eager.clip_grad_norm,
+                  (wide_leaves, 3.0), (wide, 3.0), dict(norm_type=p), dict(norm_type=p), found,
+                  None if p == 3.0 else _wide_intervals_bound)
+    for op in ("clip_by_global_norm", "clip_by_max_step"):
+      _check_call(f"CUDA route: float64 {op}", getattr(eager, op), (wide_leaves, threshold),
+                  (wide, threshold), dict(segments=placed_ids[1:], num_systems=K),
+                  dict(segments=ids[1:], num_systems=K), found,
+                  _wide_intervals_bound if op == "clip_by_global_norm" else None)
+    before = sharded.TRAFFIC.snapshot()
+    eager.clip_grad_norm(wide_leaves, 3.0, norm_type=2.5)
+    if sharded.TRAFFIC.gathered_calls != before.gathered_calls + 1:
+      found.append("CUDA route: float64 p=2.5: expected the gathering way")
+    # Ties: norm == max_norm exactly (p = 1, 2, 3: 3 + 4 = 7, 3**2 + 4**2 = 5**2,
+    # 3**3 + 4**3 + 5**3 = 6**3), within an ulp of float64 (p = 2.5), and a step norm equal to
+    # max_step, on rows split over the ranks. No interval decides them; every rank's exact
+    # partials do, with no leaf moved.
+    tie = torch.zeros(2 * ranks, 2)
+    tie[0, 0], tie[-1, 1] = 3.0, 4.0
+    tie_ids = torch.arange(2 * ranks) % 2
+    tied = distribute_tensor(tie, mesh, [Shard(0)], src_data_rank=None)
+    tie3 = tie.clone()
+    tie3[ranks, 0] = 5.0
+    tied3 = distribute_tensor(tie3, mesh, [Shard(0)], src_data_rank=None)
+    for p, c, plain, placed in ((2.0, 5.0, tie, tied), (1.0, 7.0, tie, tied),
+                                (3.0, 6.0, tie3, tied3),
+                                (2.5, (3.0 ** 2.5 + 4.0 ** 2.5) ** 0.4, tie, tied)):
+      sent = _check_call(f"CUDA route: a tie, p={p}", eager.clip_grad_norm, ([placed], c),
+                         ([plain], c), dict(norm_type=p), dict(norm_type=p), found, None)
+      if sent <= _intervals_bound([placed], 1):
+        found.append(f"CUDA route: a tie, p={p}: sent {sent} bytes, no exact partials")
+    steps = torch.tensor([3.0, 4.0])
+    _check_call("CUDA route: a tie, max-step", eager.clip_by_max_step, ([tied], steps),
+                ([tie], steps), dict(segments=[distribute_tensor(tie_ids, mesh, [Shard(0)])],
+                                     num_systems=2),
+                dict(segments=[tie_ids], num_systems=2), found, None)
+    # Rows that are not DTensor's chunks: a call without ids does not need to know where.
+    sizes = [2] * ranks
+    sizes[-2] += 1
+    sizes[-1] -= 1
+    rows = torch.randn(sum(sizes), 5, generator=gen)
+    start = sum(sizes[:dist.get_rank()])
+    uneven = DTensor.from_local(rows[start:start + sizes[dist.get_rank()]], mesh, [Shard(0)],
+                                run_check=False, shape=rows.shape, stride=rows.stride())
+    before = sharded.TRAFFIC.snapshot()
+    out, norm = eager.clip_grad_norm([uneven, leaves[1]], 0.5)
+    after = sharded.TRAFFIC.snapshot()
+    want_out, want_norm = eager.clip_grad_norm([rows, whole[1]], 0.5)
+    if after.gathered_calls != before.gathered_calls:
+      found.append("CUDA route, rows not chunks: the call gathered its leaves")
+    # full_tensor() cannot put rows of other sizes together: this rank's rows are compared.
+    mine = want_out[0][start:start + sizes[dist.get_rank()]]
+    if not (_same(norm, want_norm) and _same(out[0].to_local(), mine)
+            and _same(out[1].full_tensor(), want_out[1])):
+      found.append("CUDA route, rows not chunks: differs from the unsharded call")
+    bad = ids[1].clone()
+    bad[-1] = K
+    bad_ids = [placed_ids[0], distribute_tensor(bad, mesh, [Shard(0)], src_data_rank=None),
+               placed_ids[2], placed_ids[3]]
+    found.append(_raises(lambda: eager.clip_by_global_norm(
+        leaves, threshold, segments=bad_ids, num_systems=K), ValueError, "segments[1]"))
+  return [f"rank {dist.get_rank()}: {f}" for f in found if f]
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from fractions import Fraction
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -55,12 +55,27 @@ class Plan:
   single: Single | None = None
 
 
+class ReadHook(Protocol):
+  """What a caller adds to the call's one host read, checks first when it arrives, and where
+  its open systems' exact norms come from (a sharded call's ranks: :mod:`.sharded_intervals`)."""
+
+  def add(self, reader: HostRead) -> None:
+    ...
+
+  def check(self, read: dict[str, np.ndarray]) -> None:
+    ...
+
+  def oracles(self, batch: Batch, kind: str, p: float, systems: list[int]) -> dict[int, Any]:
+    ...
+
+
 def decide(batch: Batch, measured: Measured, threshold: Threshold, c: torch.Tensor, kind: str,
-           p: float, certified: bool = True) -> Plan:
+           p: float, certified: bool = True, hook: ReadHook | None = None) -> Plan:
   """The plan of one call: device decisions, the one host read, the exact path if needed.
 
   ``certified=False`` (a test mode) sends every system to the exact path; the bits must not
-  change.
+  change. ``hook`` reads device values of its own with the host read and checks them before
+  the argument checks raise, and gives the exact path its oracles.
   """
   todo = ~(measured.nan | measured.inf) & ~measured.zero
   if not certified or measured.exact_only:
@@ -87,12 +102,17 @@ def decide(batch: Batch, measured: Measured, threshold: Threshold, c: torch.Tens
     reader.add("single", torch.stack([plan.action.to(torch.float64), plan.scale,
                                       plan.rn32.to(torch.float64),
                                       plan.rn64.to(torch.float64)], 1))
+  if hook is not None:
+    hook.add(reader)
   read = reader.read()
+  if hook is not None:
+    hook.check(read)
   raise_for_arguments(batch, threshold, read)
   plan.rtz32 = bool(read.get("rtz32", [False])[0])
   plan.host64 = bool(read.get("host64", [False])[0])
   if read["ambiguous"][0]:
-    resolve_exactly(batch, measured, c, kind, p, certified, decided.ambiguous, plan)
+    resolve_exactly(batch, measured, c, kind, p, certified, decided.ambiguous, plan,
+                    exact_oracles if hook is None else hook.oracles)
   if plan.host64:
     scales_for_host_rows(plan)
   if not batch.per_system:
@@ -152,8 +172,10 @@ def decide_one(compare: Callable[[Fraction], int], approx: Fraction, c: float, f
 
 
 def resolve_exactly(batch: Batch, measured: Measured, c: torch.Tensor, kind: str, p: float,
-                     certified: bool, open_: torch.Tensor, plan: Plan) -> None:
-  """Decides the systems the intervals left open on the host, and writes them into ``plan``."""
+                     certified: bool, open_: torch.Tensor, plan: Plan,
+                     oracles: Callable[..., dict[int, Any]] = exact_oracles) -> None:
+  """Decides the systems the intervals left open on the host, and writes them into ``plan``;
+  ``oracles(batch, kind, p, systems)`` gives the exact norms of those the pieces leave open."""
   idx = torch.nonzero(open_).squeeze(1)
   columns = {"c": c.expand_as(open_), "counts": batch.counts.expand_as(open_)}
   if not isinstance(batch.prec, int):
@@ -183,9 +205,9 @@ def resolve_exactly(batch: Batch, measured: Measured, c: torch.Tensor, kind: str
                               int(request.prec[j]))
     except Ambiguous:
       still_open.append(j)
-  oracles = exact_oracles(batch, kind, p, [systems[j] for j in still_open])
+  exact = oracles(batch, kind, p, [systems[j] for j in still_open])
   for j in still_open:
-    oracle = oracles[systems[j]]
+    oracle = exact[systems[j]]
     if oracle.compare(Fraction(0)) != 0:  # else a zero norm (e.g. an all-zero system)
       results[j] = decide_one(oracle.compare, oracle.approx(), float(request.c[j]), request.fmt,
                               int(request.prec[j]))

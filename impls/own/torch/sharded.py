@@ -18,19 +18,33 @@ an all-to-all before each beyond two ranks); a per-system call first all-gathers
 rank's ids are in range with the span of systems it holds, then its row counts per system
 over that span. Each rank scales its own rows, and outputs keep their placements.
 
+GPU leaves (and CPU leaves sent down the CUDA route: ``cpu_kernels=False``, or
+``branches.accelerator_branches``), the CUDA route: per-system measures, not leaves
+(:mod:`.sharded_intervals`). That route's bits are a function of each system's exact norm,
+certified from an interval, so the ranks reduce their rows' float64 power sums (with a depth
+bound that covers the reduction), maxima and minima, and every rank decides alike from the
+reduced intervals: one all-gather per pass (two for a general p: the maxima set its scaling),
+24 to 32 bytes per system per call with the element counts. Near-ties are settled from every rank's exact partials of the flagged systems
+(exact power sums, step norms, or a general p's magnitudes). Rows need not be DTensor's
+chunks unless whole segment ids must be cut at them.
+
 Which leaves take which way (decided from metadata, so every rank takes the same):
 
 * ``Shard(0)`` on a 1-D mesh: the rank's rows, as above;
-* ``Replicate()`` on any mesh: whole on every rank, reduced by every rank, nothing sent;
+* ``Replicate()`` on any mesh: whole on every rank, reduced by every rank (the CUDA route:
+  measured by the group's first rank, so that it counts once), nothing sent;
 * anything else (``Shard(1)``, a 2-D mesh, ``Partial``): gathered with ``full_tensor()`` and
-  then treated as replicated; this moves that leaf whole, the only gather on this route.
+  then treated as replicated; this moves that leaf whole, the only gather on these routes.
 
 A whole call gathers (every DTensor leaf, segment and threshold made whole, the unsharded call
 run on every rank, each output cut back to its placements) when no exchange of partials is
-possible: leaves on the GPU (the CUDA route's certified intervals could be all-reduced, which
-is not built), leaves whose meshes span different ranks, a ``Shard(0)`` leaf whose ranks'
-rows are not the contiguous chunks DTensor describes, or an argument some rank finds invalid
-(then every rank raises the unsharded call's error).
+possible: on the CUDA route float64 leaves with p other than +-inf (their error-free
+extractions are not reduced yet) and ``certified=False``; leaves on more than one device type;
+leaves whose meshes span different ranks; on the numba route a ``Shard(0)`` leaf whose ranks'
+rows are not the contiguous chunks DTensor describes (on the CUDA route only where whole ids
+must be cut); or an argument some rank finds invalid (then every rank raises the unsharded
+call's error). When every leaf is replicated the unsharded call runs on every rank, and
+nothing moves.
 
 What comes back:
 
@@ -58,7 +72,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from clipbench.impls.own.torch import branches, sharded_partials as partials
+from clipbench.impls.own.torch import branches, sharded_intervals as intervals
+from clipbench.impls.own.torch import sharded_partials as partials
 from clipbench.impls.own.torch.sharded_partials import TRAFFIC, full_tensor, like_input
 
 
@@ -172,26 +187,30 @@ def clip_sharded(clipping: Any, leaves: Any, call: Any):
   """
   _check_mixed(leaves)
   TRAFFIC.calls += 1
-  ways = _partial_ways(clipping, leaves, call)
-  if ways is not None:
-    done = partials.clip(leaves, call, ways)
-    if done is not None:
-      return done
+  ways = _partial_ways(leaves, call)
+  if ways is not None and all(w == "replicated" for w in ways):
+    return _clip_gathering(clipping, leaves, call)  # every leaf whole on every rank: none moves
+  done = None
+  if ways is not None and clipping.cpu_kernels and all(branches.on_host(x.device)
+                                                       for x in leaves):
+    done = partials.clip(leaves, call, ways)  # the numba kernels' bits: block results
+  elif ways is not None and intervals.applies(leaves, call, clipping.certified):
+    done = intervals.clip(leaves, call, ways)  # the CUDA route's: certified intervals
+  if done is not None:
+    return done
   TRAFFIC.gathered_calls += 1
   return _clip_gathering(clipping, leaves, call)
 
 
-def _partial_ways(clipping: Any, leaves: Any, call: Any) -> list[str] | None:
+def _partial_ways(leaves: Any, call: Any) -> list[str] | None:
   """Per leaf ``"rows"``, ``"replicated"`` or ``"gathered"`` when the call can exchange
   partials (from metadata only: every rank decides alike), else None."""
   import torch  # pylint: disable=import-outside-toplevel
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
-  if not (clipping.cpu_kernels and isinstance(leaves, (list, tuple)) and leaves):
+  if not (isinstance(leaves, (list, tuple)) and leaves):
     return None
   floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-  # The numba route's bits: the leaves the unsharded call would hand to the numba kernels.
-  if not all(isinstance(x, DTensor) and branches.on_host(x.device) and x.dtype in floats
-             for x in leaves):
+  if not all(isinstance(x, DTensor) and x.dtype in floats for x in leaves):
     return None
   checked = set()
   for i, x in enumerate(leaves):

@@ -1,0 +1,392 @@
+"""The intervals way of a sharded call on the CUDA route: per-system measures exchanged, not
+leaves (see :mod:`.sharded` for when it applies).
+
+The CUDA route's outputs are a function of each system's *exact* norm: its certified passes
+(:mod:`.measure`) bound the norm by an interval, and a decision the interval takes is the
+exact one (:mod:`.certified`); a system the interval leaves open is decided exactly. So the
+bits do not depend on how the sums were split, only the intervals' widths do, and a rank's
+partial measures may be reduced across ranks in any order:
+
+* float64 power sums of nonnegative terms are added (each rank's sum a tree of depth ``d_r``;
+  their sum, ``ranks - 1`` more additions, one of depth ``max d_r + ranks - 1``, which the
+  interval's ``gamma`` bound then covers);
+* maxima (p = +inf, the scaling of a general p, max-step) by ``max``, minima (p = -inf) by
+  ``min``: exact;
+* element counts (for the underflow bounds and the roundings of the outputs) added exactly,
+  and the factor bits of float64 systems by ``min`` (24 when any rank holds a narrower
+  element).
+
+One rank's call:
+
+1. its rows of each leaf (``to_local()``; a replicated leaf whole; a leaf of another placement
+   made whole by ``full_tensor()``), checked as the unsharded call checks them. A replicated
+   (or gathered) leaf is measured by the group's first rank alone, so that it counts once;
+2. the passes over its rows (the eager kernels, as on one device), and after each pass one
+   exchange of its per-system float64 results (8 or 16 bytes per system), each value folded
+   by one fold in rank order, so that every rank has the same bits (:class:`_Exchange`). The
+   first also carries the element counts, and a word saying whether this rank's checks
+   passed (ids in range are checked on the device: the word is a device value too). A
+   float32 p = 1, 2, +-inf or max-step call makes one exchange; a general p two (the maxima
+   first: they set the scaling);
+3. the decisions, identical on every rank (the same operators on the same reduced values),
+   with the call's one host read. When any rank's checks failed, every rank raises
+   :class:`AbandonedCall` there, together (the read is of a value every rank shares), and
+   takes the gathering way, whose unsharded call raises the argument's error. A system the
+   reduced interval leaves open (a near-tie) is decided on the host from every rank's exact
+   partials of that system alone, one more all-gather (pickled: a rational power sum per
+   system for p = 1, 2, the largest exact step norm, or a general p's magnitudes);
+4. its own rows scaled (:meth:`EagerKernels.apply`), each output a DTensor placed like its
+   leaf, with no communication.
+
+The passes are the eager ones whatever the implementation (``clipbench.torch-compile`` and
+``clipbench.triton`` too): every route computes the same exact function, so the bits are theirs.
+
+float64 leaves: the power sums (p = 1, 2) are error-free extractions onto grids that the
+reduced maxima and counts set, the same on every rank, so their pieces add exactly across
+ranks and only the remainder's bound grows; a max-step and an integer p other than 1, 2 take
+the exact path for every system (as on one device), from every rank's exact partials.
+
+Not here (the gathering way, decided from metadata): float64 leaves with a non-integer p (the
+exact path for every system, which needs all their magnitudes: as many bytes as the leaves),
+calls of no system, and ``certified=False``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from clipbench.impls.own.exact import magnitudes_of, power_sum
+from clipbench.impls.own.torch.arguments import (Threshold, check_leaves, check_nonfinite,
+                                                 check_norm_type, check_segments, check_threshold)
+from clipbench.impls.own.torch.decisions import Plan, decide
+from clipbench.impls.own.torch.eager_passes import EagerKernels
+from clipbench.impls.own.torch.host_read import HostRead
+from clipbench.impls.own.torch.layout import Batch, make_batch, sanitize
+from clipbench.impls.own.torch.measure import Measured, measure
+from clipbench.impls.own.torch.oracles import PowerOracle, SumOracle, exact_oracles
+from clipbench.impls.own.torch.sharded_partials import (TRAFFIC, AbandonedCall, _as_output,
+                                                        _chunks, _local_segments, _MeshOrder,
+                                                        _system_count, _to_local, full_tensor,
+                                                        like_input)
+
+
+def kind_of(op: str, norm_type: Any) -> str | None:
+  """The pass kind of a call ("sum", "max", "min", "step"), None where ``norm_type`` is not a
+  number (the unsharded call's check will say so)."""
+  if op == "clip_by_max_step":
+    return "step"
+  try:
+    p = check_norm_type(norm_type)
+  except (TypeError, ValueError):
+    return None
+  return "max" if p == math.inf else "min" if p == -math.inf else "sum"
+
+
+def applies(leaves: list[Any], call: Any, certified: bool) -> bool:
+  """Whether a call on these (DTensor) leaves can take this way: from metadata and shared
+  arguments only, so every rank answers alike."""
+  kind = kind_of(call.op, call.norm_type)
+  if kind is None or not certified:
+    return False
+  if call.segments is not None and call.num_systems == 0:
+    return False
+  if any(x.dtype == torch.float64 for x in leaves) and kind == "sum" and not float(
+      check_norm_type(call.norm_type)).is_integer():
+    return False  # every system exact, from its magnitudes: as much as the leaves themselves
+  return len({x.device.type for x in leaves}) == 1
+
+
+_OPS = ("sum", "max", "min")
+# Beyond two ranks an exchange of at least this many values is reduced by owners: an
+# all-gather hands every value to every rank (``ranks - 1`` copies on a ring), while an
+# all-to-all to the values' owners and an all-gather of the folded slices move ``2 (ranks -
+# 1) / ranks`` of them, for one more collective's latency.
+OWNERS_FROM = 1024
+
+
+class _Exchange:
+  """Per-system float64 results reduced across the rows' group, the same bits on every rank.
+
+  Each value is folded by one fold in rank order (a float64 sum's bits depend on its order):
+  at every rank alike after an all-gather of every rank's values, or, beyond two ranks and
+  for large exchanges, at its owner (values cut into equal slices by rank) after an
+  all-to-all, the folded slices then all-gathered.
+  """
+
+  def __init__(self, group: Any, device: torch.device):
+    self.group = group
+    self.ranks = dist.get_world_size(group)
+    self.device = device
+
+  def reduce(self, fields: list[tuple[torch.Tensor, str]]) -> list[torch.Tensor]:
+    """Each float64 tensor reduced over the ranks by its operator ("sum", "max", "min")."""
+    flat = [t.reshape(-1).to(torch.float64) for t, _ in fields]
+    sizes = [t.numel() for t in flat]
+    mine = torch.cat(flat) if len(flat) > 1 else flat[0]
+    n = mine.numel()
+    if self.ranks > 2 and n >= OWNERS_FROM:
+      folded = self._by_owners(mine, [op for _, op in fields], sizes)
+    else:
+      every = torch.empty(self.ranks * n, dtype=torch.float64, device=self.device)
+      TRAFFIC.bytes_sent += n * 8
+      dist.all_gather_single(every, mine.contiguous(), group=self.group)
+      every = every.view(self.ranks, n)
+      folded = torch.cat([_fold(part, op) for part, (_, op) in
+                          zip(torch.split(every, sizes, dim=1), fields)])
+    return [part.reshape(t.shape) for part, (t, _) in zip(torch.split(folded, sizes), fields)]
+
+  def _by_owners(self, mine: torch.Tensor, ops: list[str], sizes: list[int]) -> torch.Tensor:
+    n, ranks = mine.numel(), self.ranks
+    width = -(-n // ranks)
+    padded = torch.zeros(ranks * width, dtype=torch.float64, device=self.device)
+    padded[:n] = mine
+    received = torch.empty_like(padded)
+    TRAFFIC.bytes_sent += padded.numel() * 8
+    dist.all_to_all_single(received, padded, group=self.group)
+    codes = torch.repeat_interleave(torch.tensor([_OPS.index(op) for op in ops]),
+                                    torch.tensor(sizes))
+    me = dist.get_rank(self.group)
+    owned = torch.zeros(width, dtype=torch.int64)
+    slice_codes = codes[me * width:(me + 1) * width]
+    owned[:slice_codes.numel()] = slice_codes
+    owned = owned.to(self.device)
+    parts = received.view(ranks, width)
+    folded = torch.where(owned == 0, _fold(parts, "sum"),
+                         torch.where(owned == 1, _fold(parts, "max"), _fold(parts, "min")))
+    every = torch.empty(ranks * width, dtype=torch.float64, device=self.device)
+    TRAFFIC.bytes_sent += width * 8
+    dist.all_gather_single(every, folded, group=self.group)
+    return every[:n]
+
+  def gather_objects(self, value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable), in rank order."""
+    TRAFFIC.bytes_sent += len(pickle.dumps(value))
+    every: list[Any] = [None] * self.ranks
+    dist.all_gather_object(every, value, group=self.group)
+    return every
+
+
+def _fold(every: torch.Tensor, op: str) -> torch.Tensor:
+  """(ranks, n) values folded over the ranks: the same operator on the same values gives the
+  same bits on every rank."""
+  return every.sum(0) if op == "sum" else every.amax(0) if op == "max" else every.amin(0)
+
+
+class ReducingKernels(EagerKernels):
+  """The eager passes over this rank's rows, each pass's results reduced across the ranks.
+
+  The first exchange also carries what ``prepare`` found: the per-system element counts, the
+  factor bits of float64 systems, and whether this rank's ids are in range; after it the
+  batch holds the reduced counts and bits, and :attr:`invalid` whether any rank's checks
+  failed.
+  """
+
+  def __init__(self, exchange: _Exchange, checks_passed: bool):
+    self.exchange = exchange
+    self.invalid = torch.zeros((), dtype=torch.float64, device=exchange.device)
+    if not checks_passed:
+      self.invalid = self.invalid + 1
+    self._local_counts: torch.Tensor | None = None
+    self._first: list[tuple[torch.Tensor, str]] | None = None
+    self._batch: Batch | None = None
+
+  def prepare(self, batch: Batch) -> Batch:
+    batch = super().prepare(batch)
+    K = batch.num_systems
+    if batch.seg_range is not None:
+      r = batch.seg_range
+      self.invalid = torch.maximum(self.invalid, ((r[:, 0] < 0) | (r[:, 1] >= K)).any().to(
+          torch.float64))
+      batch.seg_range = None  # checked on every rank at once, with the decisions' read
+    self._local_counts = batch.counts
+    prec = batch.prec
+    self._first = [(self.invalid, "max"), (batch.counts, "sum")]
+    if batch.norm64:
+      prec = prec.to(torch.float64) if isinstance(prec, torch.Tensor) else torch.full(
+          (K,), float(prec), dtype=torch.float64, device=self.exchange.device)
+      self._first.append((prec, "min"))
+    self._batch = batch
+    return batch
+
+  def _reduce(self, fields: list[tuple[torch.Tensor, str]]) -> list[torch.Tensor]:
+    first, self._first = self._first or [], None
+    reduced = self.exchange.reduce(first + fields)
+    if first:
+      self.invalid, self._batch.counts = reduced[0], reduced[1]
+      if len(first) == 3:
+        prec = reduced[2].to(torch.int64)
+        self._batch.prec = prec if self._batch.per_system else int(prec[0])
+    return reduced[len(first):]
+
+  def _depth(self, depth: Any) -> torch.Tensor:
+    """A rank's depth bound (a number, or per system) as one bound for every system, to be
+    reduced by ``max``: the sums' tree across ranks is ``ranks - 1`` additions deeper than
+    the deepest rank's, and one bound per call sends one value, not one per system (the
+    intervals widen by a few ulps of float64 on small systems; the decisions stand)."""
+    if isinstance(depth, torch.Tensor):
+      return depth.amax().reshape(1).to(torch.float64)
+    return torch.full((1,), float(depth), dtype=torch.float64, device=self.exchange.device)
+
+  def power_sums(self, batch: Batch, p: float, scale: torch.Tensor | None = None):
+    total, depth = super().power_sums(batch, p, scale)
+    total, depth = self._reduce([(total, "sum"), (self._depth(depth), "max")])
+    return total, depth + (self.exchange.ranks - 1)
+
+  def extremes(self, batch: Batch, want_min: bool):
+    big, small = super().extremes(batch, want_min)
+    if not want_min:
+      return self._reduce([(big, "max")])[0], None
+    # A rank holding no element of a system has no minimum: +inf, not the 0 of an empty one.
+    if batch.per_system:
+      small = torch.where(self._local_counts > 0, small, math.inf)
+    elif batch.numel == 0:
+      small = torch.full_like(small, math.inf)
+    big, small = self._reduce([(big, "max"), (small, "min")])
+    return big, torch.where(batch.counts > 0, small, 0.0)
+
+  def step_sums(self, batch: Batch):
+    best, longest = super().step_sums(batch)
+    best, longest = self._reduce([(best, "max"), (self._depth(longest), "max")])
+    return best, int(longest[0])
+
+  def _accumulate_pieces(self, batch: Batch, p: int, params: torch.Tensor):
+    # The extracted pieces lie on grids set by the reduced maxima and counts, the same on
+    # every rank, so their sums across ranks are exact too; only ``rest`` rounds.
+    acc, depth = super()._accumulate_pieces(batch, p, params)
+    acc, depth = self._reduce([(acc, "sum"), (self._depth(depth), "max")])
+    return acc, depth + (self.exchange.ranks - 1)
+
+
+@dataclasses.dataclass
+class _Agreement:
+  """The decisions' read, checked first (every rank leaves together when any rank's checks
+  failed: a value every rank shares), and the open systems' exact norms from every rank's."""
+
+  kernels: ReducingKernels
+
+  def add(self, reader: HostRead) -> None:
+    reader.add("ranks_invalid", self.kernels.invalid.reshape(1))
+
+  def check(self, read: dict[str, np.ndarray]) -> None:
+    if read["ranks_invalid"][0]:
+      raise AbandonedCall
+
+  def oracles(self, batch: Batch, kind: str, p: float, systems: list[int]) -> dict[int, Any]:
+    """Exact oracles of ``systems`` (the same list on every rank: it comes from reduced
+    values) from every rank's exact partials of its own rows: exact power sums added (p = 1,
+    2), the largest exact step norm, or a general p's magnitudes (its oracle needs them)."""
+    if not systems:
+      return {}
+    mine = exact_oracles(batch, kind, p, systems)
+    if kind == "step" or p in (1.0, 2.0):
+      partial = [mine[k].power_sum for k in systems]
+    elif float(p).is_integer():
+      partial = [power_sum(*magnitudes_of(np.asarray(mine[k].mags, np.float64)), int(p))
+                 for k in systems]
+    else:
+      partial = [np.asarray(mine[k].mags, np.float64) for k in systems]
+    every = self.kernels.exchange.gather_objects(partial)
+    if kind == "step":
+      return {k: SumOracle(max(e[i] for e in every), 2) for i, k in enumerate(systems)}
+    if float(p).is_integer():
+      return {k: SumOracle(sum((e[i] for e in every), Fraction(0)), int(p))
+              for i, k in enumerate(systems)}
+    return {k: PowerOracle(np.concatenate([e[i] for e in every]), p)
+            for i, k in enumerate(systems)}
+
+
+def clip(leaves: list[Any], call: Any, ways: list[str]):
+  """(outputs, norms) by exchanged measures, or None where the call must gather instead
+  (every rank returns None alike)."""
+  from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
+  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
+  if not rows_at:
+    return None  # every leaf whole on every rank already: the unsharded call moves nothing
+  group = leaves[rows_at[0]].device_mesh.get_group(0)
+  first_rank = dist.get_rank(group) == 0
+  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
+  device = local[0].device
+  segments = call.segments
+  valid = True
+  if segments is not None:
+    # Whole ids are cut at this rank's chunk of rows; rows that are not its chunk (from_local
+    # of other sizes) leave that cut unknown, and the call to the gathering way.
+    local_rows = [t.shape[0] if t.dim() else 1 for t in local]
+    order = _MeshOrder(group)
+    me = dist.get_rank(group)
+    starts = np.zeros(len(leaves), np.int64)
+    for i in rows_at:
+      start, rows = _chunks(np.array([leaves[i].shape[0]], np.int64),
+                            order.coordinates(leaves[i].device_mesh)[None, :])
+      starts[i] = start[0, me]
+      valid = valid and int(rows[0, me]) == local_rows[i]
+    segments = [_local_segments(x, w, s, int(o), n)
+                for x, w, s, o, n in zip(leaves, ways, segments, starts, local_rows)]
+  threshold = call.threshold
+  if isinstance(threshold, DTensor):
+    threshold = full_tensor(threshold)
+  op = call.op
+  kind = kind_of(op, call.norm_type)
+  p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
+  try:
+    checked_leaves = check_leaves([t.detach() for t in local])
+    ids, K = check_segments(checked_leaves, segments, call.num_systems, ids_on_device=True)
+    checked = check_threshold(threshold, call.threshold_name,
+                              None if op == "clip_grad_norm" else K, device=device)
+    nonfinite = check_nonfinite(call.nonfinite)
+  except (TypeError, ValueError):
+    if segments is None:
+      return None  # the checks of a call without ids read what every rank shares: all fail
+    valid = False
+  if valid and K != _system_count(call):
+    valid = False  # a count the exchanges cannot carry: every rank finds the same
+  if not valid:
+    # Take part in the exchanges with no rows, and say so: every rank then gathers.
+    checked_leaves, ids = [], None
+    K = _system_count(call)
+    checked = check_threshold(math.inf, call.threshold_name, None, device=device)
+    nonfinite = "propagate"
+  exchange = _Exchange(group, device)
+  kernels = ReducingKernels(exchange, valid)
+  with torch.no_grad():
+    batch = make_batch(checked_leaves, ids, K)
+    batch.device = device
+    batch.norm64 = any(x.dtype == torch.float64 for x in leaves)
+    batch.per_system = segments is not None
+    if nonfinite == "zero":
+      batch = sanitize(batch)
+    counted = [first_rank or w == "rows" for w in ways] if valid else []
+    measured_batch = dataclasses.replace(batch, leaves=[
+        leaf if keep else dataclasses.replace(leaf, rows=0)
+        for leaf, keep in zip(batch.leaves, counted)])
+    measured_batch = kernels.prepare(measured_batch)
+    for leaf, keep in zip(batch.leaves, counted):
+      if not keep and leaf.seg is not None:  # measured by the first rank, which checks its ids
+        leaf.seg = leaf.seg.clamp(0, K - 1)
+    c = checked.on(device)
+    measured = measure(kernels, measured_batch, kind, p)
+    try:
+      plan = decide_agreed(kernels, measured_batch, measured, checked, c, kind, p)
+    except AbandonedCall:
+      return None
+    outs = kernels.apply(batch, plan)
+  outputs = []
+  for out, x, way in zip(outs, leaves, ways):
+    outputs.append(like_input(out, x) if way == "gathered" else _as_output(out, x))
+  norms = plan.norms.to(torch.float64 if measured_batch.norm64 else torch.float32)
+  return outputs, norms
+
+
+def decide_agreed(kernels: ReducingKernels, batch: Batch, measured: Measured,
+                  threshold: Threshold, c: torch.Tensor, kind: str, p: float) -> Plan:
+  """:func:`.decisions.decide` on the reduced measures, leaving with every rank
+  (:class:`AbandonedCall`) when the agreement's read says so."""
+  return decide(batch, measured, threshold, c, kind, p, hook=_Agreement(kernels))
