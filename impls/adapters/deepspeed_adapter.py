@@ -34,7 +34,9 @@ non-finite value (including raising) is what the conformance suite sees.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from typing import Any, Sequence
 
@@ -69,7 +71,10 @@ def init_single_process_group() -> None:
   """Initialize DeepSpeed's communication backend as one gloo process, unless it already is."""
   if deepspeed.comm.is_initialized():
     return
-  rendezvous = os.path.join(tempfile.mkdtemp(prefix="clipbench-deepspeed-"), "rendezvous")
+  folder = tempfile.mkdtemp(prefix="clipbench-deepspeed-")
+  # The rendezvous file is read while the group lives: removed with the process, not before.
+  atexit.register(shutil.rmtree, folder, ignore_errors=True)
+  rendezvous = os.path.join(folder, "rendezvous")
   deepspeed.init_distributed(
       dist_backend="gloo", auto_mpi_discovery=False, verbose=False,
       init_method="file://" + rendezvous, rank=0, world_size=1)
