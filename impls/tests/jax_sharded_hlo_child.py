@@ -62,11 +62,17 @@ def smallest_shard(leaves, segments) -> int:
 
 # Cases beyond one per (route, operation): name -> (operation, keyword arguments, one system).
 VARIANTS = {
+    "clip_grad_norm-p1": ("clip_grad_norm", {"norm_type": 1.0}, False),
     "clip_grad_norm-pinf": ("clip_grad_norm", {"norm_type": float("inf")}, False),
     "clip_grad_norm-p8": ("clip_grad_norm", {"norm_type": 8.0}, False),  # maxima, then sums
     "clip_grad_norm-zero": ("clip_grad_norm", {"nonfinite": "zero"}, False),
     "clip_by_max_step-one-system": ("clip_by_max_step", {}, True),
 }
+
+
+# The graph route: near-ties settled from limb sums (p = 1, 2, zero mode) and from the leaves
+# (other p).
+GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-p8", "clip_grad_norm-zero")
 
 
 def compiled_text(route: str, op: str) -> tuple[str, int]:
@@ -90,8 +96,8 @@ def compiled_text(route: str, op: str) -> tuple[str, int]:
 
 def main() -> int:
   for name, route in list(ROUTES.items()) + [("optax", "optax")]:
-    for op in (OPS + tuple(VARIANTS)) if route == "host" else OPS if route != "optax" else (
-        "clip_grad_norm",):
+    for op in (OPS + tuple(VARIANTS)) if route == "host" else (OPS + GRAPH_VARIANTS) if (
+        route == "graph") else ("clip_grad_norm",):
       text, smallest = compiled_text(route, op)
       found = collectives.collectives(text)
       big = collectives.leaf_sized(text, smallest)

@@ -12,7 +12,9 @@ The FFI (numba) route passes without segments, for each kind of exchange that se
 results (its partitioning rule, ``impls/own/jax/partitioned.py``: one all-gather of block
 results, one of exact partials under the near-tie ``lax.cond``): power sums split into
 sub-blocks (p = 2, and in zero mode), maxima merged (p = inf), maxima then double-double
-sums split into sub-blocks (p = 8), max-step. The cases that still move leaf-sized
+sums split into sub-blocks (p = 8), max-step. The graph route passes for p = 1, 2 (zero mode
+too) with and without segments: its near-ties are settled from exact integer limb sums the
+device all-reduces (``exact_fallback.exact_limb_sums``). The cases that still move leaf-sized
 data are strict expected failures that turn into failures the day they stop (then drop the
 mark). optax's
 ``clip_by_global_norm`` on the same leaves is the control that passes: a partitioned program
@@ -31,17 +33,18 @@ CHILD = "clipbench.impls.tests.jax_sharded_hlo_child"
 FFI_SEGMENTS_GATHER = ("the FFI (numba) route's partitioning rule covers calls without segments "
                        "only: with ids the block layout, and so an exchange buffer's size, "
                        "depends on their values (impls/own/jax/partitioned.py; issue 32)")
-TIE_GATHERS = ("the graph route's near-tie fallback (impls/own/jax/exact_fallback.py) passes the "
-               "leaves' bits to a host callback under lax.cond, and the partitioned program "
-               "all-gathers them for it. A partitioning rule cannot run the callback per "
-               "device: JAX lowers a custom partitioning's program in a module of its own, "
-               "whose host callbacks the executable never registers (issue 32, part 2)")
+TIE_GATHERS = ("the graph route's near-tie fallback for max-step and p other than 1, 2 "
+               "(impls/own/jax/exact_fallback.py) passes the leaves' bits to a host callback "
+               "under lax.cond, and the partitioned program all-gathers them for it (p = 1, 2 "
+               "sum exact integer limbs on the device instead; issue 32, part 2)")
 
 CASES = [
     pytest.param("optax", "clip_grad_norm"),
-    pytest.param("graph", "clip_grad_norm", marks=pytest.mark.xfail(strict=True,
-                                                                     reason=TIE_GATHERS)),
-    pytest.param("graph", "clip_by_global_norm",
+    pytest.param("graph", "clip_grad_norm"),
+    pytest.param("graph", "clip_grad_norm-p1"),
+    pytest.param("graph", "clip_grad_norm-zero"),
+    pytest.param("graph", "clip_by_global_norm"),
+    pytest.param("graph", "clip_grad_norm-p8",
                  marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),
     pytest.param("graph", "clip_by_max_step",
                  marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),

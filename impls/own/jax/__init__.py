@@ -44,8 +44,11 @@ Numerical design of the graph (SPEC rules 3-5 and 11 by construction, not by XLA
   ``exp``/``log`` for non-integer p, four grids.
 * **Decision and factor**: ``decision.finalize`` (shared with the numba kernels): double-double
   root, threshold against an interval around the norm; a near-tie is settled exactly on the
-  host by a ``jax.pure_callback`` under ``lax.cond`` (:mod:`.exact_fallback`; only when one
-  exists; integer arithmetic, since the callback thread flushes subnormals too). The factor is
+  host by a ``jax.pure_callback``, only when one exists (:mod:`.exact_fallback`; integer
+  arithmetic, since the callback thread flushes subnormals too): for p = 1, 2 from exact
+  integer limb sums per exponent that the device makes (one tie system per round of a
+  ``lax.while_loop``; on sharded leaves XLA all-reduces them, no leaf moves), for other p and
+  max-step from every element's bits. The factor is
   the largest s with ``s n_up <= c``, cut to 29 bits without float64 leaves, so ``x * s`` is
   exact in float64 and one truncation of its bits is the exact RTZ value: the output norm is
   ``<= s n <= c`` (:mod:`.apply`). Kept systems are selected bitwise (never multiplied by 1.0,

@@ -1,14 +1,24 @@
-"""Near-ties decided exactly on the host, through a ``jax.pure_callback`` under ``lax.cond``.
+"""Near-ties decided exactly on the host, through a ``jax.pure_callback``, only when one exists.
 
 The callback runs only when some system's threshold lies inside the error bound of its norm
 (random data never does). Its XLA thread flushes subnormals in float operations too, so both
 sides work on raw bits with integers only, and float64 values cross as pairs of uint32 words.
+
+p = 1, 2 (the norms people clip by): the device sums each tie system's exact power sum as
+integer limbs per exponent (:func:`exact_limb_sums`: integer additions, exact in any order,
+so a sharded call's partial sums are all-reduced by XLA like any other sum), one system per
+round of a ``lax.while_loop``, and the host only compares the rebuilt integer with ``c**p``.
+What crosses to the host, and between devices, is a few thousand limb sums, not the leaves.
+Other p and max-step pass the leaves' bits to the host, which decides from every element
+(:func:`host_ties`); on sharded leaves XLA gathers them for it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from fractions import Fraction
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,15 +80,132 @@ def threshold_bits(c_m, c_e):
   return jnp.where(c_m == 0, jnp.uint64(0), bits)
 
 
+def _exponents(dtypes) -> tuple[int, int]:
+  """The range of E in |x| = m * 2**E (m the integer mantissa) over these formats' finite
+  values, subnormals included."""
+  fmts = [format_of(dt) for dt in dtypes]
+  return (min(f.emin - f.mbits for f in fmts),
+          max(f.emax_field - 1 - f.bias - f.mbits for f in fmts))
+
+
+class LimbScheme(NamedTuple):
+  """How |x|**p (p = 1, 2) is cut into integer limbs that sum without overflow."""
+
+  shifts: tuple[int, ...]  # limb j weighs 2**shifts[j] (times 2**(p E))
+  capacity: int  # elements one uint64 limb sum holds without overflow
+
+
+def limb_scheme(dtypes, p: float) -> LimbScheme:
+  """Mantissas of at most 24 bits (float32 and narrower) in 12-bit limbs, float64's in 18-bit
+  (26-bit for p = 1) ones; every limb product below 2**37."""
+  wide = any(format_of(dt).mbits > 23 for dt in dtypes)
+  if p == 1:
+    return LimbScheme((26, 0), 1 << 37) if wide else LimbScheme((0,), 1 << 40)
+  return LimbScheme((72, 54, 36, 18, 0), 1 << 27) if wide else LimbScheme((24, 12, 0), 1 << 39)
+
+
+def _limbs(m, p: float, scheme: LimbScheme):
+  """The limbs of m**p (m a uint64 integer mantissa), stacked on a last axis."""
+  if p == 1:
+    parts = [m >> 26, m & ((1 << 26) - 1)] if len(scheme.shifts) == 2 else [m]
+  elif len(scheme.shifts) == 5:
+    a, b, c = m >> 36, (m >> 18) & ((1 << 18) - 1), m & ((1 << 18) - 1)
+    parts = [a * a, 2 * a * b, 2 * a * c + b * b, 2 * b * c, c * c]
+  else:
+    a, b = m >> 12, m & ((1 << 12) - 1)
+    parts = [a * a, 2 * a * b, b * b]
+  return jnp.stack(parts, axis=-1)
+
+
+def exact_limb_sums(cfg: Config, leaves, segs, system):
+  """(E, limbs) uint64 sums of the limbs of |x|**p, per exponent E of |x| = m 2**E, over the
+  finite elements of ``system`` (non-finite ones count as 0: zero mode; in propagate mode a
+  system holding them is never a tie). Exact: integer sums in any order and partition."""
+  e_lo, e_hi = _exponents(cfg.dtypes)
+  scheme = limb_scheme(cfg.dtypes, cfg.p)
+  total = jnp.zeros((e_hi - e_lo + 1, len(scheme.shifts)), jnp.uint64)
+  for i, x in enumerate(leaves):
+    if not math.prod(x.shape):
+      continue
+    fmt = format_of(x.dtype)
+    b = u64(bits_of(x, fmt))
+    a = b & ((1 << (fmt.nbits - 1)) - 1)
+    ef, mf = a >> fmt.mbits, a & ((1 << fmt.mbits) - 1)
+    finite = ef != fmt.emax_field
+    m = jnp.where(ef > 0, mf | (1 << fmt.mbits), mf)
+    e = jnp.where(ef > 0, ef.astype(jnp.int32) - fmt.bias, fmt.emin) - fmt.mbits
+    rows = x.shape[0] if x.ndim else 1
+    held = finite.reshape(rows, -1)
+    if segs is not None:
+      held = held & (segs[i] == system)[:, None]
+    m = jnp.where(held, m.reshape(rows, -1), jnp.uint64(0)).reshape(-1)
+    index = jnp.clip(e.reshape(-1) - e_lo, 0, total.shape[0] - 1)
+    total = total + jax.ops.segment_sum(_limbs(m, cfg.p, scheme), index,
+                                        num_segments=total.shape[0])
+  return total
+
+
+def host_limb_tie(cfg: Config, c_bits, sum_words) -> np.ndarray:
+  """Host side of one round: 1 when the exact power sum the limb sums make exceeds c**p."""
+  e_lo, _ = _exponents(cfg.dtypes)
+  scheme = limb_scheme(cfg.dtypes, cfg.p)
+  sums = np.ascontiguousarray(np.asarray(sum_words)).view(np.uint64).reshape(
+      -1, len(scheme.shifts))
+  p = int(cfg.p)
+  total = 0
+  for j, shift in enumerate(scheme.shifts):
+    for index in np.flatnonzero(sums[:, j]).tolist():
+      total += int(sums[index, j]) << (shift + p * index)
+  c = exact.fraction_of_bits(int(np.ascontiguousarray(np.asarray(c_bits)).view(np.uint64)[0]))
+  exceeds = Fraction(total) * Fraction(2) ** (p * e_lo) > c ** p
+  return np.array(1 if exceeds else 0, dtype=np.int8)
+
+
+def _as_words(v):
+  """uint64 values as (..., 2) uint32 words (a width-changing bitcast does not lower with x64
+  off, which is how an enclosing jax.jit lowers this graph)."""
+  return jnp.stack([lax.convert_element_type(v & 0xFFFFFFFF, jnp.uint32),
+                    lax.convert_element_type(v >> 32, jnp.uint32)], axis=-1)
+
+
+def limb_rounds_apply(cfg: Config, leaves) -> bool:
+  """Whether this call's ties are settled from limb sums (p = 1, 2, no limb sum can
+  overflow)."""
+  elements = sum(math.prod(x.shape) for x in leaves)
+  return (cfg.op != "step" and cfg.p in (1.0, 2.0) and bool(leaves)
+          and elements < limb_scheme(cfg.dtypes, cfg.p).capacity)
+
+
 def resolve_ties(cfg: Config, tie, action, threshold: Threshold, leaves, segs):
   """action with near-ties decided exactly (the host callback runs only if a tie exists)."""
+  if limb_rounds_apply(cfg, leaves):
+    return _resolve_by_limb_sums(cfg, tie, action, threshold, leaves, segs)
+  return _resolve_from_leaves(cfg, tie, action, threshold, leaves, segs)
+
+
+def _resolve_by_limb_sums(cfg: Config, tie, action, threshold: Threshold, leaves, segs):
+  """One tie system per round: its limb sums on the device, the comparison on the host."""
+  c_words = jnp.broadcast_to(_as_words(threshold_bits(threshold.m, threshold.e)),
+                             (cfg.num_systems, 2))
+
+  def one_round(state):
+    open_, decided = state
+    system = lax.argmax(open_.astype(jnp.int32), 0, jnp.int32)  # int32: x64 may be off
+    sums = exact_limb_sums(cfg, leaves, segs, system)
+    res = jax.pure_callback(
+        functools.partial(host_limb_tie, cfg), jax.ShapeDtypeStruct((), jnp.int8),
+        c_words[system], _as_words(sums), vmap_method="sequential")
+    verdict = jnp.where(res > 0, jnp.int8(decision.SCALE), jnp.int8(decision.KEEP))
+    return open_.at[system].set(False), decided.at[system].set(verdict)
+
+  return lax.while_loop(lambda state: jnp.any(state[0]), one_round, (tie, action))[1]
+
+
+def _resolve_from_leaves(cfg: Config, tie, action, threshold: Threshold, leaves, segs):
+  """Every tie decided from every element on the host."""
   # Float64 crosses to the host as raw bits: with x64 off at run time JAX would round a
   # float64 callback operand to float32.
-  # Two uint32 words by shifts (a width-changing bitcast does not lower with x64 off, which
-  # is how an enclosing jax.jit lowers this graph).
-  words = threshold_bits(threshold.m, threshold.e)
-  c_bits = jnp.stack([lax.convert_element_type(words & 0xFFFFFFFF, jnp.uint32),
-                      lax.convert_element_type(words >> 32, jnp.uint32)], axis=-1)
+  c_bits = _as_words(threshold_bits(threshold.m, threshold.e))
   leaf_bits = [bits_of(x, format_of(x.dtype)) for x in leaves]
 
   def call():
