@@ -23,10 +23,11 @@ GPU leaves (and CPU leaves sent down the CUDA route: ``cpu_kernels=False``, or
 (:mod:`.sharded_intervals`). That route's bits are a function of each system's exact norm,
 certified from an interval, so the ranks reduce their rows' float64 power sums (with a depth
 bound that covers the reduction), maxima and minima, and every rank decides alike from the
-reduced intervals: one all-gather per pass (two for a general p: the maxima set its scaling),
-24 to 32 bytes per system per call with the element counts. Near-ties are settled from every rank's exact partials of the flagged systems
-(exact power sums, step norms, or a general p's magnitudes). Rows need not be DTensor's
-chunks unless whole segment ids must be cut at them.
+reduced intervals: one exchange per pass (two for a general p: the maxima set its scaling),
+16 to 24 bytes per system per call with the element counts (56 for float64 power sums).
+Near-ties are settled from every rank's exact partials of the flagged systems (exact power
+sums, step norms, or a non-integer p's magnitudes). Rows need not be DTensor's chunks unless
+whole segment ids must be cut at them.
 
 Which leaves take which way (decided from metadata, so every rank takes the same):
 
@@ -38,8 +39,8 @@ Which leaves take which way (decided from metadata, so every rank takes the same
 
 A whole call gathers (every DTensor leaf, segment and threshold made whole, the unsharded call
 run on every rank, each output cut back to its placements) when no exchange of partials is
-possible: on the CUDA route float64 leaves with p other than +-inf (their error-free
-extractions are not reduced yet) and ``certified=False``; leaves on more than one device type;
+possible: on the CUDA route float64 leaves with a non-integer p (every system exact, from
+every magnitude) and ``certified=False``; leaves on more than one device type;
 leaves whose meshes span different ranks; on the numba route a ``Shard(0)`` leaf whose ranks'
 rows are not the contiguous chunks DTensor describes (on the CUDA route only where whole ids
 must be cut); or an argument some rank finds invalid (then every rank raises the unsharded

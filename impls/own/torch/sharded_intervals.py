@@ -229,8 +229,9 @@ class ReducingKernels(EagerKernels):
   def _depth(self, depth: Any) -> torch.Tensor:
     """A rank's depth bound (a number, or per system) as one bound for every system, to be
     reduced by ``max``: the sums' tree across ranks is ``ranks - 1`` additions deeper than
-    the deepest rank's, and one bound per call sends one value, not one per system (the
-    intervals widen by a few ulps of float64 on small systems; the decisions stand)."""
+    the deepest rank's, and one bound per call sends one value, not one per system (a small
+    system's interval takes the largest system's relative width, still far inside the
+    grids the decisions are taken on)."""
     if isinstance(depth, torch.Tensor):
       return depth.amax().reshape(1).to(torch.float64)
     return torch.full((1,), float(depth), dtype=torch.float64, device=self.exchange.device)
