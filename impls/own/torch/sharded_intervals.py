@@ -74,8 +74,8 @@ from clipbench.impls.own.torch.measure import Measured, measure
 from clipbench.impls.own.torch.oracles import PowerOracle, SumOracle, exact_oracles
 from clipbench.impls.own.torch.sharded_partials import (TRAFFIC, AbandonedCall, _as_output,
                                                         _chunks, _local_segments, _MeshOrder,
-                                                        _system_count, _to_local, full_tensor,
-                                                        like_input)
+                                                        _system_count, full_tensor, like_input,
+                                                        local_pieces)
 
 
 def kind_of(op: str, norm_type: Any) -> str | None:
@@ -308,12 +308,11 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   """(outputs, norms) by exchanged measures, or None where the call must gather instead
   (every rank returns None alike)."""
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
-  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
-  if not rows_at:
-    return None  # every leaf whole on every rank already: the unsharded call moves nothing
-  group = leaves[rows_at[0]].device_mesh.get_group(0)
+  pieces = local_pieces(leaves, ways)
+  if pieces is None:
+    return None
+  rows_at, group, local = pieces
   first_rank = dist.get_rank(group) == 0
-  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
   device = local[0].device
   segments = call.segments
   valid = True

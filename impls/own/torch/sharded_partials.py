@@ -260,17 +260,28 @@ def _local_segments(leaf: Any, way: str, seg: Any, offset: int, local_rows: int)
   return seg[offset:offset + local_rows]
 
 
+def local_pieces(leaves: list[Any], ways: list[str]):
+  """(indices of the ``Shard(0)`` leaves, their process group, this rank's tensor of every
+  leaf), or None when no leaf is split (every leaf whole on every rank already: the unsharded
+  call moves nothing)."""
+  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
+  if not rows_at:
+    return None
+  group = leaves[rows_at[0]].device_mesh.get_group(0)
+  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
+  return rows_at, group, local
+
+
 def clip(leaves: list[Any], call: Any, ways: list[str]):
   """(outputs, norms) by exchanged partials, or None where the call must gather instead
   (every rank returns None alike)."""
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
-  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
-  if not rows_at:
-    return None  # every leaf whole on every rank already: the unsharded call moves nothing
-  group = leaves[rows_at[0]].device_mesh.get_group(0)
+  pieces = local_pieces(leaves, ways)
+  if pieces is None:
+    return None
+  rows_at, group, local = pieces
   collective = GlooCollective(group)
   me, nl = collective.rank, len(leaves)
-  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
   local_rows = [t.shape[0] if t.dim() else 1 for t in local]
   # Every rank's rows of each leaf by DTensor's chunking; a rank whose rows are other
   # (``from_local`` of other sizes) takes part with zeros and vouches against the call.
