@@ -57,7 +57,7 @@ def _dispatched(run) -> dict[str, int]:
   return {"kernels": kernels, "copies": copies, "to_host": to_host}
 
 
-def _synchronize(device: str) -> None:
+def synchronize(device: str) -> None:
   if device == "cuda":
     import torch  # pylint: disable=import-outside-toplevel
     torch.cuda.synchronize()
@@ -77,7 +77,7 @@ def time_case(impl_name: str, workload: workloads.Workload, inputs,
   def reset():
     if in_place:
       timing.refill_in_place(prepared, inputs)
-    _synchronize(device)
+    synchronize(device)
 
   for _ in range(2):  # compilation, caches, allocator
     reset()

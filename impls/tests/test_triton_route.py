@@ -180,3 +180,64 @@ def test_run_scans_are_associative_whatever_the_runs():
   _runs_both_ways[(1,)](flags, values, out, N=n)
   assert torch.equal(out[:n], out[n:2 * n])
   assert not out[2 * n:].any()
+
+
+def test_full_tiles_tails_items_and_unaligned_leaves_give_the_eager_bits(monkeypatch):
+  # Tiles of 16-byte aligned leaves are read and written unmasked and 16 bytes at a time on a
+  # GPU; a leaf that starts elsewhere (a view one element in) takes the masked way for its
+  # whole group. Leaves long enough for several work items (of the shortest length, to keep
+  # the interpreter's work small), full tiles and a tail, rows read as units and elements,
+  # rows that straddle tiles and items, sorted and unsorted ids: the eager route's bits.
+  from clipbench.impls.own.torch.layout import Leaf
+  from clipbench.impls.own.triton import implementation as triton_impl, tables
+  monkeypatch.setattr(tables, "MIN_ITEM_UNITS", 1024)
+  monkeypatch.setattr(tables, "TARGET_ITEMS", 1 << 20)
+  rng = np.random.default_rng(34)
+  rows = 1200  # as rows, two items; as elements, four (three full tiles, then a tail)
+  base = torch.tensor(rng.standard_normal((rows + 1, 3)), dtype=torch.float32)
+  for aligned in (True, False):
+    big = base[:rows] if aligned else base.view(-1)[1:1 + 3 * rows].view(rows, 3)
+    assert (big.data_ptr() % tables.ALIGNMENT == 0) == aligned
+    table = tables.work_items([(0, Leaf(big, rows, 3, 3, None))], big.device)
+    assert (table.aligned, table.items) == (aligned, -(-3 * rows // table.item_units))
+    leaves = [big, torch.tensor(rng.standard_normal(2500), dtype=torch.float32)]
+    for sorted_ids in (True, False):
+      ids = [rng.integers(0, 7, rows), rng.integers(0, 7, 2500)]
+      segments = [torch.tensor(np.sort(v) if sorted_ids else v) for v in ids]
+      kwargs = {"segments": segments, "num_systems": 7}
+      with branches.accelerator_branches():
+        _, norms = eager.clip_by_global_norm(leaves, math.inf, **kwargs)
+        _, steps = eager.clip_by_max_step(leaves, math.inf, **kwargs)
+        _, total = eager.clip_grad_norm(leaves, math.inf)
+        want = [eager.clip_by_global_norm(leaves, norms.double().numpy() / 2, **kwargs),
+                eager.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs),
+                eager.clip_grad_norm(leaves, float(total) / 2)]
+      got = [triton_impl.clip_by_global_norm(leaves, norms.double().numpy() / 2, **kwargs),
+             triton_impl.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs),
+             triton_impl.clip_grad_norm(leaves, float(total) / 2)]
+      for (outs, norm), (ref_outs, ref_norm) in zip(got, want):
+        assert _bits(norm) == _bits(ref_norm), (aligned, sorted_ids)
+        assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs], (aligned, sorted_ids)
+        assert all(x.data_ptr() % tables.ALIGNMENT == 0 for x in outs)
+
+
+def test_rows_longer_than_a_tile_give_the_eager_bits():
+  # Step vectors (and rows) longer than a tile are read a part at a time: a (3, 1100) leaf's
+  # steps once made a tile of no unit at all.
+  from clipbench.impls.own.triton import implementation as triton_impl
+  rng = np.random.default_rng(35)
+  leaves = [torch.tensor(rng.standard_normal((3, 1100)), dtype=torch.float32),
+            torch.tensor(rng.standard_normal((4, 600)), dtype=torch.float32),
+            torch.tensor(rng.standard_normal((5, 3)), dtype=torch.float32)]
+  kwargs = {"segments": [torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1, 1]),
+                         torch.tensor([1, 0, 0, 1, 1])], "num_systems": 2}
+  with branches.accelerator_branches():
+    _, steps = eager.clip_by_max_step(leaves, math.inf, **kwargs)
+    _, norms = eager.clip_by_global_norm(leaves, math.inf, **kwargs)
+    want = [eager.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs),
+            eager.clip_by_global_norm(leaves, norms.double().numpy() / 2, **kwargs)]
+  got = [triton_impl.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs),
+         triton_impl.clip_by_global_norm(leaves, norms.double().numpy() / 2, **kwargs)]
+  for (outs, norm), (ref_outs, ref_norm) in zip(got, want):
+    assert _bits(norm) == _bits(ref_norm)
+    assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs]

@@ -43,19 +43,28 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
   measure_sig = {"table": "*i64", "scratch": "*i64", "base": "i64", "K": "i64",
                  "n_total": "i64", "slot0": "i64", "p_bits": "i64"}
   modes = range(6) if everything else (kernels.SQUARES, kernels.STEPS, kernels.PIECES)
-  for dtype, mode, per_system in itertools.product(dtypes, modes, (True, False)):
-    yield kernels.measure_items, measure_sig, {
-        "DTYPE": getattr(tl, dtype), "MODE": mode, "PER_SYSTEM": per_system,
-        "COUNTS": per_system, "FLAG_LOW": per_system and dtype != "float64", "SQUARE": True,
-        "VEC": 4 if mode == kernels.STEPS else 1,
-        "BLOCK": 256 if mode == kernels.STEPS else 1024}
+  for dtype, mode, per_system, aligned in itertools.product(dtypes, modes, (True, False),
+                                                           (True, False)):
+    # Rows read at a time: step vectors (longer ones in parts of 1,024, one row a tile), and
+    # per system the short rows of sums; elements otherwise.
+    if mode == kernels.STEPS:
+      vecs = (4, 1024) if everything else (4,)
+    elif per_system and mode in (kernels.SQUARES, kernels.MAGNITUDES):
+      vecs = (1, 4)
+    else:
+      vecs = (1,)
+    for vec in vecs:
+      yield kernels.measure_items, measure_sig, {
+          "DTYPE": getattr(tl, dtype), "MODE": mode, "PER_SYSTEM": per_system,
+          "COUNTS": per_system, "FLAG_LOW": per_system and dtype != "float64", "SQUARE": True,
+          "VEC": vec, "ALIGNED": aligned, "BLOCK": max(1, 512 // vec)}
   pointer = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64": "*fp64"}
   ints = {"float32": "int32", "float64": "int64", "bfloat16": "int16", "float16": "int16"}
-  for dtype, per_system in itertools.product(dtypes, (True, False)):
+  for dtype, per_system, aligned in itertools.product(dtypes, (True, False), (True, False)):
     yield kernels.apply_items, {"table": "*i64", "out": pointer[dtype], "scratch": "*i64",
                                 "base": "i64", "K": "i64"}, {
         "DTYPE": getattr(tl, dtype), "INT": getattr(tl, ints[dtype]),
-        "PER_SYSTEM": per_system, "BLOCK": 1024}
+        "PER_SYSTEM": per_system, "ALIGNED": aligned, "BLOCK": 1024}
   decide_sig = {"scratch": "*i64", "base": "i64", "K": "i64", "n_leaves": "i64",
                 "n_items": "i64", "n_total": "i64", "thr": "*fp64", "thr_bits": "i64",
                 "p_bits": "i64", "depth_bits": "i64", "rel_bits": "i64"}

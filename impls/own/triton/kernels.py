@@ -101,6 +101,32 @@ if triton is not None:
     # No `other=` constant: the interpreter cannot build bfloat16 constants.
     return tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float64), 0.0)
 
+  # Tiles of a 16-byte aligned leaf: its pointers are stated to be contiguous over the tile,
+  # from a 16-byte aligned first element (items and tiles start at multiples of the tile), and
+  # a full tile is loaded (stored) without a mask, so the compiler emits 16-byte accesses. The
+  # hints are given where the pointers are computed: on a helper's argument they are lost.
+  # The interpreter ignores them.
+  @triton.jit
+  def _load_tile(ptrs, m, full, ALIGNED: tl.constexpr):
+    if ALIGNED:
+      if full:
+        v = tl.load(ptrs)
+      else:
+        v = tl.load(ptrs, mask=m)
+    else:
+      v = tl.load(ptrs, mask=m)
+    return v
+
+  @triton.jit
+  def _store_tile(ptrs, values, m, full, ALIGNED: tl.constexpr):
+    if ALIGNED:
+      if full:
+        tl.store(ptrs, values)
+      else:
+        tl.store(ptrs, values, mask=m)
+    else:
+      tl.store(ptrs, values, mask=m)
+
   @triton.jit
   def _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM: tl.constexpr):
     """Per unit: e of its system's max |x| (frexp's exponent, 0 for 0 or non-finite), and the
@@ -119,13 +145,15 @@ if triton is not None:
   def measure_items(table, scratch, base, K, n_total, slot0, p_bits, DTYPE: tl.constexpr,
                     MODE: tl.constexpr, PER_SYSTEM: tl.constexpr, COUNTS: tl.constexpr,
                     FLAG_LOW: tl.constexpr, SQUARE: tl.constexpr, VEC: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """One work item of one leaf: what the MODE accumulates, per system or into its slot.
 
     ``base`` is the first per-system word of the scratch buffer; the summary words before it
     hold each leaf's worst segment ids (ids below 0, and above K - 1, as excesses: 0 means
     none). ``COUNTS`` adds each system's element count; ``FLAG_LOW`` marks the systems that
-    hold an element of this (float16/bfloat16/float32) group.
+    hold an element of this (float16/bfloat16/float32) group. ``ALIGNED``: every leaf of the
+    group starts at a 16-byte boundary (see ``_load_tile``). ``VEC`` > 1 (``STEPS``, and the
+    per-system ``SQUARES`` and ``MAGNITUDES``): the units are rows, read VEC elements at a time.
     """
     pid = tl.program_id(0)
     x, ids, start, count, per_row, row = _work_item(table, DTYPE)
@@ -147,35 +175,55 @@ if triton is not None:
       m = u < count
       units = start + u
       if PER_SYSTEM:
-        raw = tl.load(ids + units // per_row, mask=m, other=0)
+        # One division per unit: a unit's neighbours share its row unless it is the row's
+        # first (or last) unit, and only then is the neighbouring row's id read.
+        rows_of = units // per_row
+        place = units - rows_of * per_row
+        raw = tl.load(ids + rows_of, mask=m, other=0)
         valid = m & (raw >= 0) & (raw < K)
         below = tl.maximum(below, tl.where(m & (raw < 0), -raw, 0))
         above = tl.maximum(above, tl.where(m & (raw >= K), raw - K + 1, 0))
         later = m & (u + 1 < count) & (lanes < BLOCK - 1)
-        nxt = tl.load(ids + (units + 1) // per_row, mask=later, other=-1)
+        nxt = tl.load(ids + rows_of + 1, mask=later & (place == per_row - 1), other=0)
+        nxt = tl.where(place == per_row - 1, nxt, raw)
         end = valid & (~later | (nxt != raw))
         earlier = m & (lanes > 0)
-        prv = tl.load(ids + (units - 1) // per_row, mask=earlier, other=-1)
+        prv = tl.load(ids + rows_of - 1, mask=earlier & (place == 0), other=0)
+        prv = tl.where(place == 0, prv, raw)
         first = (~earlier | (prv != raw)).to(tl.int32)
         key = tl.where(valid, raw, -1)
       else:
         valid = m
         key = tl.zeros([BLOCK], dtype=tl.int64)
-      if MODE == _STEPS:
+      if MODE == _STEPS or VEC > 1:
+        # Units are rows of ``unit`` elements (step vectors, or a per-system leaf's short last
+        # axis): each row's squares (magnitudes) summed, VEC elements at a time.
         d = tl.arange(0, VEC)
-        vm = valid[:, None] & (d[None, :] < unit)
-        v = _load_f64(x + units[:, None] * unit + d[None, :], vm)
-        sq = tl.sum(v * v, axis=1)
-        a_bits = tl.where(valid, sq.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
-        b_bits = tl.zeros([BLOCK], dtype=tl.int64)
-        weight = unit.to(tl.float64)
+        row_sum = tl.zeros([BLOCK], dtype=tl.float64)
+        for c in range(0, unit, VEC):
+          vm = valid[:, None] & (c + d[None, :] < unit)
+          v = _load_f64(x + units[:, None] * unit + c + d[None, :], vm)
+          if MODE == _MAGNITUDES:
+            row_sum += tl.sum(tl.abs(v), axis=1)
+          else:
+            row_sum += tl.sum(v * v, axis=1)
+        if MODE == _STEPS:
+          a_bits = tl.where(valid, row_sum.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
+          b_bits = tl.zeros([BLOCK], dtype=tl.int64)
+        weight = unit.to(tl.int32)
       else:
-        v = _load_f64(x + units, valid)
-        weight = 1.0
+        ptrs = x + units
+        if ALIGNED:
+          ptrs = tl.max_contiguous(tl.multiple_of(ptrs, 16), BLOCK)
+        full = off + BLOCK <= count
+        v = tl.where(valid, _load_tile(ptrs, valid, full, ALIGNED).to(tl.float64), 0.0)
+        weight = 1
       if MODE == _EXTREMES:
         a_bits = tl.where(valid, v.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
         b_bits = tl.where(valid, INF_BITS - tl.minimum(a_bits, INF_BITS), 0)  # NaN left out
-      if MODE == _SQUARES:
+      if VEC > 1 and MODE != _STEPS:
+        term = row_sum
+      elif MODE == _SQUARES:
         term = v * v
       elif MODE == _MAGNITUDES:
         term = tl.abs(v)
@@ -209,7 +257,7 @@ if triton is not None:
           rest = rest + (t2 - qt) + t3
         else:
           qt = tl.zeros_like(q1)
-      ones = tl.where(valid, weight, 0.0)
+      ones = tl.where(valid, weight, 0)  # int32: a tile's count is exact, in fewer registers
       if PER_SYSTEM:
         if MODE == _EXTREMES:
           _, a_run, b_run, n_run = tl.associative_scan((first, a_bits, b_bits, ones), 0,
@@ -233,7 +281,7 @@ if triton is not None:
                                                 _sum_runs)
           tl.atomic_add(f64 + base + R_SUMS * K + key, a_run, mask=end)
         if COUNTS:
-          tl.atomic_add(f64 + base + R_COUNT * K + key, n_run, mask=end)
+          tl.atomic_add(f64 + base + R_COUNT * K + key, n_run.to(tl.float64), mask=end)
         if FLAG_LOW:
           tl.atomic_max(scratch + base + R_LOW * K + key, tl.full([BLOCK], 1, tl.int64),
                         mask=end)
@@ -268,12 +316,13 @@ if triton is not None:
 
   @triton.jit
   def apply_items(table, out, scratch, base, K, DTYPE: tl.constexpr, INT: tl.constexpr,
-                  PER_SYSTEM: tl.constexpr, BLOCK: tl.constexpr):
+                  PER_SYSTEM: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     """One work item's outputs: each element kept, x*s to nearest or toward zero, or NaN.
 
     float32 elements round to nearest where their system's ``rn32`` says so, float64 where
     ``rn64`` does (elsewhere the host rewrites those rows exactly), float16/bfloat16 always
-    toward zero (x*s is exact in float64 for them).
+    toward zero (x*s is exact in float64 for them). ``ALIGNED``: every leaf, and its place in
+    ``out``, starts at a 16-byte boundary (see ``_load_tile``).
     """
     x, ids, start, count, per_row, row = _work_item(table, DTYPE)
     y_out = out + tl.load(row + 7)
@@ -282,6 +331,7 @@ if triton is not None:
     for off in range(0, count, BLOCK):
       u = off + lanes
       m = u < count
+      full = off + BLOCK <= count
       units = start + u
       if PER_SYSTEM:
         k = tl.load(ids + units // per_row, mask=m, other=0)
@@ -295,7 +345,12 @@ if triton is not None:
         nearest = tl.load(scratch + base + R_RN64 * K + k, mask=m, other=1) != 0
       else:
         nearest = tl.zeros([BLOCK], dtype=tl.int1)
-      xv = tl.load(x + units, mask=m)
+      ptrs = x + units
+      dest = y_out + units
+      if ALIGNED:
+        ptrs = tl.max_contiguous(tl.multiple_of(ptrs, 16), BLOCK)
+        dest = tl.max_contiguous(tl.multiple_of(dest, 16), BLOCK)
+      xv = _load_tile(ptrs, m, full, ALIGNED)
       if DTYPE == tl.float64:
         rn = xv * s64
         exact = rn
@@ -312,4 +367,4 @@ if triton is not None:
       nan = tl.full([BLOCK], float("nan"), dtype=tl.float32).to(DTYPE)
       scaled = tl.where(nearest, rn, rtz)
       result = tl.where(action == 0, xv, tl.where(action == 1, scaled, nan))
-      tl.store(y_out + units, result, mask=m)
+      _store_tile(dest, result, m, full, ALIGNED)

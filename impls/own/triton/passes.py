@@ -32,7 +32,16 @@ from clipbench.impls.own.triton.scratch import Scratch
 # Read once, as triton does: the interpreter is chosen before triton is first imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
 
-BLOCK = 1024  # units per tile of a measure or apply program
+# Units per tile: of a one-system measure program, of a per-system one (its segmented scans
+# hold more per unit) and of an apply program; powers of two that divide every work item
+# (tables.MIN_ITEM_UNITS). Warps per measure and apply program. The values measured best on an
+# H200 (docs/gpu.md, section 11).
+BLOCK = 1024
+SYSTEM_BLOCK = 512
+APPLY_BLOCK = 1024
+WARPS = 4
+ROW_UNITS = 8  # per-system sums read rows of at most this many elements as units (0: never)
+MAX_VEC = 1024  # elements of a row read at a time (a longer row is read in several steps)
 DECIDE_BLOCK = 256  # systems per decision program
 _LAUNCH = {"enable_fp_fusion": False}
 
@@ -97,8 +106,12 @@ class TritonKernels(EagerKernels):
     if not _has_elements(batch):
       return super().plan(batch, kind, p, threshold, certified)
     K, dev = batch.num_systems, batch.device
-    groups = _groups(batch, steps=kind == "step" and not batch.norm64)
     per_system = batch.per_system
+    # Per system, the float32 (and narrower) sums of squares or magnitudes read short rows as
+    # units: a scan over rows, not over their elements.
+    rows = ROW_UNITS if per_system and kind == "sum" and p in (1.0, 2.0) and not batch.norm64 \
+        else 0
+    groups = _groups(batch, steps=kind == "step" and not batch.norm64, rows_upto=rows)
     items = sum(t.items for _, t in groups) if not per_system else 0
     scratch = Scratch(K, len(batch.leaves), items, dev)
     norm64 = batch.norm64
@@ -127,7 +140,8 @@ class TritonKernels(EagerKernels):
         self._measure(scratch, groups, batch, kernels.POWERS, p=p, counts=False, low=False)
         decide_kind = dk.POWER
     self._check_ids_of_empty_leaves(scratch, batch)
-    self._decide(scratch, batch, threshold, decide_kind, p, items, certified, low)
+    self._decide(scratch, batch, threshold, decide_kind, p, items, _depth(groups, per_system),
+                 certified, low)
     return self._read(scratch, batch, threshold, kind, p, certified)
 
   @staticmethod
@@ -150,12 +164,14 @@ class TritonKernels(EagerKernels):
           table.rows, scratch.buffer, scratch.base, batch.num_systems, batch.numel, slot,
           _bits(p), DTYPE=_tl(_TL_DTYPE[dtype]), MODE=mode, PER_SYSTEM=batch.per_system,
           COUNTS=counts and batch.per_system, FLAG_LOW=low and dtype != torch.float64,
-          SQUARE=square, VEC=vec, BLOCK=BLOCK // vec, **_LAUNCH)
+          SQUARE=square, VEC=vec, ALIGNED=table.aligned,
+          BLOCK=max(1, _tile(batch.per_system) // vec), num_warps=WARPS, **_LAUNCH)
       slot += table.items
 
   def _decide(self, scratch: Scratch, batch: Batch, threshold: Threshold, decide_kind: int,
-              p: float, items: int, certified: bool, low: bool) -> None:
-    """One launch: every system's decisions, the plan and the summary."""
+              p: float, items: int, depth: int, certified: bool, low: bool) -> None:
+    """One launch: every system's decisions, the plan and the summary. ``depth`` bounds the
+    additions along any path of a system's float64 sums (``_depth``)."""
     K = batch.num_systems
     if threshold.tensor is not None:
       thr, thr_bits = threshold.tensor, 0
@@ -166,7 +182,7 @@ class TritonKernels(EagerKernels):
       thr, thr_bits, mode = threshold.on(batch.device), 0, 1
     longest = max((leaf.vec for leaf in batch.leaves if leaf.numel), default=1)
     rel = gamma(longest + 1) * 0.5001 + 4 * U64
-    depth = tables.ITEM_UNITS + items + len(batch.leaves) + 8
+    depth += len(batch.leaves) + 8
     dtypes = {leaf.x.dtype for leaf in batch.leaves if leaf.numel}
     prec = (0 if batch.per_system else 24) if batch.norm64 and low else (
         53 if batch.norm64 else 24)
@@ -249,15 +265,18 @@ class TritonKernels(EagerKernels):
     K = batch.num_systems
     for dtype, members in by_dtype.items():
       sizes = [leaf.numel for _, leaf in members]
-      offsets = np.cumsum([0] + sizes[:-1]).tolist()
+      # Each output starts at a multiple of 16 elements of the dtype's buffer, 16-byte aligned
+      # as the allocation is, so that the kernel's full tiles store 16 bytes at a time.
+      padded = [-(-size // _OUT_ALIGN) * _OUT_ALIGN for size in sizes]
+      offsets = np.cumsum([0] + padded[:-1]).tolist()
       table = tables.work_items(members, batch.device, out_offsets=offsets)
-      flat = torch.empty(sum(sizes), dtype=dtype, device=batch.device)
+      flat = torch.empty(sum(padded), dtype=dtype, device=batch.device)
       kernels.apply_items[(table.items,)](
           table.rows, flat, plan.scratch.buffer, plan.scratch.base, K,
           DTYPE=_tl(_TL_DTYPE[dtype]), INT=_tl(_INT_OF[dtype]), PER_SYSTEM=batch.per_system,
-          BLOCK=BLOCK, **_LAUNCH)
-      for (i, leaf), y in zip(members, torch.split(flat, sizes)):
-        out[i] = y.view(leaf.x.shape)
+          ALIGNED=table.aligned, BLOCK=APPLY_BLOCK, num_warps=WARPS, **_LAUNCH)
+      for (i, leaf), start, size in zip(members, offsets, sizes):
+        out[i] = flat[start:start + size].view(leaf.x.shape)
       if dtype == torch.float64 and plan.host64:
         self._host_rows(batch, plan, members, out)
     return out
@@ -272,6 +291,25 @@ class TritonKernels(EagerKernels):
       with_host_rows(leaf.matrix(), leaf.seg, out[i].view(leaf.rows, leaf.width), plan)
 
 
+_OUT_ALIGN = 16  # elements
+
+
+def _tile(per_system: bool) -> int:
+  return SYSTEM_BLOCK if per_system else BLOCK
+
+
+def _depth(groups, per_system: bool) -> int:
+  """A bound on the float64 additions along any path of a system's sum, before the leaves'
+  and the decision's own: a row's sum (rows as units), a tile's scan or lane sums (at most a
+  tile), one atomic (per system) or one lane addition (one system) per tile the call holds,
+  and the decision kernel's sum of the items' partials (along its lanes, then across them)."""
+  tile = _tile(per_system)
+  row = max((vec for (_, vec), _ in groups), default=1)
+  tiles = sum(table.units // max(1, tile // vec) + table.items for (_, vec), table in groups)
+  items = sum(table.items for _, table in groups)
+  return row + tile + tiles + items + DECIDE_BLOCK
+
+
 def _has_elements(batch: Batch) -> bool:
   return any(leaf.numel for leaf in batch.leaves)
 
@@ -280,14 +318,18 @@ def triton_cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def _groups(batch: Batch, steps: bool) -> list[tuple[tuple[torch.dtype, int], tables.Table]]:
-  """The nonempty leaves by dtype (and, for step norms, by padded vector length): one table,
-  one launch each."""
+def _groups(batch: Batch, steps: bool,
+            rows_upto: int = 0) -> list[tuple[tuple[torch.dtype, int], tables.Table]]:
+  """The nonempty leaves by dtype and by the padded length read at a time of their rows (for
+  step norms, and for leaves whose last axis is at most ``rows_upto`` long; 1: elements): one
+  table, one launch each."""
   members: dict[tuple[torch.dtype, int], list[tuple[int, Leaf]]] = {}
   for i, leaf in enumerate(batch.leaves):
     if leaf.numel == 0 or (steps and leaf.vec == 0):
       continue
-    vec = _pow2_at_least(leaf.vec) if steps else 1
+    as_rows = steps or 1 < leaf.vec <= rows_upto
+    vec = min(_pow2_at_least(leaf.vec), MAX_VEC) if as_rows else 1
     members.setdefault((leaf.x.dtype, vec), []).append((i, leaf))
-  return [(key, tables.work_items(group, batch.device, steps=steps))
+  # Rows of one element are elements: as rows or not, the same table.
+  return [(key, tables.work_items(group, batch.device, steps=steps or key[1] > 1))
           for key, group in members.items()]

@@ -8,6 +8,11 @@ cast back to a typed pointer in the kernel, so one launch spans every leaf of on
 A table depends only on the leaves' addresses and shapes (and the segment ids' addresses), so
 a training loop that clips the same gradient tensors every step uploads it once: tables are
 kept, by those facts, in a small cache of device tensors.
+
+A work item's length is chosen per table: long enough that a program's fixed costs (its table
+row, its atomics) are paid over many tiles, short enough that a call of a few million elements
+still has enough programs to fill the card (a few items per multiprocessor): a power of two
+between :data:`MIN_ITEM_UNITS` and :data:`MAX_ITEM_UNITS`, near ``units / TARGET_ITEMS``.
 """
 
 from __future__ import annotations
@@ -26,16 +31,33 @@ from clipbench.impls.own.torch.layout import Leaf
 # dtype's output buffer.
 COLUMNS = ("address", "ids", "start", "count", "per_row", "leaf", "unit", "out")
 NCOL = len(COLUMNS)
-ITEM_UNITS = 1 << 16  # units per work item (the last item of a leaf holds the rest)
+# Units per work item (the last item of a leaf holds the rest): see the module docstring.
+# Multiples of every kernel's tile, so that items and tiles start where a tile would.
+# The values measured best on an H200 (docs/gpu.md, section 11).
+MIN_ITEM_UNITS = 1 << 11
+MAX_ITEM_UNITS = 1 << 16
+TARGET_ITEMS = 8192
+ALIGNMENT = 16  # bytes: where a leaf must start for the kernels' 16-byte loads
 _CACHE_SIZE = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-  """A group's work items on the device, and how many there are."""
+  """A group's work items on the device: how many, of how many units each (the last of a leaf
+  holds the rest), how many units in all, and whether every leaf (and its place in the output
+  buffer) starts at an :data:`ALIGNMENT` boundary."""
 
   rows: torch.Tensor  # (items, NCOL) int64
   items: int
+  item_units: int
+  units: int
+  aligned: bool
+
+
+def item_units(units: int) -> int:
+  """The work-item length for a table of ``units`` units (module docstring)."""
+  want = max(1, -(-units // TARGET_ITEMS))
+  return min(MAX_ITEM_UNITS, max(MIN_ITEM_UNITS, 1 << (want - 1).bit_length()))
 
 
 _cache: collections.OrderedDict = collections.OrderedDict()
@@ -48,7 +70,8 @@ def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool
   Units are elements, or with ``steps`` the leaves' step vectors (their last axis).
   ``out_offsets`` gives each leaf's first element in its output buffer (apply tables).
   """
-  key = (steps, device, tuple((i, leaf.x.data_ptr(), leaf.rows, leaf.width, leaf.vec,
+  size = item_units(sum(leaf.numel // max(leaf.vec if steps else 1, 1) for _, leaf in leaves))
+  key = (steps, device, size, tuple((i, leaf.x.data_ptr(), leaf.rows, leaf.width, leaf.vec,
                                0 if leaf.seg is None else leaf.seg.data_ptr())
                               for i, leaf in leaves), None if out_offsets is None else
          tuple(out_offsets))
@@ -56,32 +79,35 @@ def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool
   if table is not None:
     _cache.move_to_end(key)
     return table
-  rows = _rows(leaves, steps, out_offsets)
+  rows = _rows(leaves, steps, out_offsets, size)
   host = torch.from_numpy(rows)
   device_rows = host if device.type == "cpu" else torch.empty(
       host.shape, dtype=torch.int64, device=device).copy_(host)
-  table = Table(device_rows, rows.shape[0])
+  itemsize = leaves[0][1].x.element_size()
+  aligned = bool(np.all(rows[:, 0] % ALIGNMENT == 0)
+                 and np.all(rows[:, 7] * itemsize % ALIGNMENT == 0))
+  table = Table(device_rows, rows.shape[0], size, int(rows[:, 3].sum()), aligned)
   _cache[key] = table
   if len(_cache) > _CACHE_SIZE:
     _cache.popitem(last=False)
   return table
 
 
-def _rows(leaves: list[tuple[int, Leaf]], steps: bool,
-          out_offsets: list[int] | None) -> np.ndarray:
+def _rows(leaves: list[tuple[int, Leaf]], steps: bool, out_offsets: list[int] | None,
+          size: int) -> np.ndarray:
   unit = np.array([leaf.vec if steps else 1 for _, leaf in leaves], np.int64)
   units = np.array([leaf.numel for _, leaf in leaves], np.int64) // np.maximum(unit, 1)
   per_row = np.array([leaf.width for _, leaf in leaves], np.int64) // np.maximum(unit, 1)
-  items = (units + ITEM_UNITS - 1) // ITEM_UNITS
+  items = (units + size - 1) // size
   owner = np.repeat(np.arange(len(leaves)), items)
   first = np.cumsum(items) - items
-  start = (np.arange(owner.size) - first[owner]) * ITEM_UNITS
+  start = (np.arange(owner.size) - first[owner]) * size
   rows = np.empty((owner.size, NCOL), np.int64)
   rows[:, 0] = np.array([leaf.x.data_ptr() for _, leaf in leaves], np.int64)[owner]
   rows[:, 1] = np.array([0 if leaf.seg is None else leaf.seg.data_ptr() for _, leaf in leaves],
                         np.int64)[owner]
   rows[:, 2] = start
-  rows[:, 3] = np.minimum(ITEM_UNITS, units[owner] - start)
+  rows[:, 3] = np.minimum(size, units[owner] - start)
   rows[:, 4] = np.maximum(per_row, 1)[owner]
   rows[:, 5] = np.array([i for i, _ in leaves], np.int64)[owner]
   rows[:, 6] = unit[owner]
