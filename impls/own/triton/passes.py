@@ -255,13 +255,12 @@ class TritonKernels(EagerKernels):
     if not _has_elements(batch):
       return super().apply(batch, plan)
     out: list[torch.Tensor | None] = [None] * len(batch.leaves)
-    for i, leaf in enumerate(batch.leaves):
-      if leaf.numel == 0:
-        out[i] = leaf.x if leaf.owned else leaf.x.clone()
     by_dtype: dict[torch.dtype, list[tuple[int, Leaf]]] = {}
     for i, leaf in enumerate(batch.leaves):
       if leaf.numel:
         by_dtype.setdefault(leaf.x.dtype, []).append((i, leaf))
+      else:
+        out[i] = leaf.x if leaf.owned else leaf.x.clone()
     K = batch.num_systems
     for dtype, members in by_dtype.items():
       sizes = [leaf.numel for _, leaf in members]
@@ -275,11 +274,11 @@ class TritonKernels(EagerKernels):
           table.rows, flat, plan.scratch.buffer, plan.scratch.base, K,
           DTYPE=_tl(_TL_DTYPE[dtype]), INT=_tl(_INT_OF[dtype]), PER_SYSTEM=batch.per_system,
           ALIGNED=table.aligned, BLOCK=APPLY_BLOCK, num_warps=WARPS, **_LAUNCH)
-      # One split into the outputs and the gaps between them (fewer Python steps a leaf than
-      # a slice each: W4 has 10,000 leaves).
+      # One split into the outputs and the gaps between them, and a view only where a leaf
+      # is not 1-D: fewer Python steps a leaf (W4 has 10,000 leaves).
       cuts = [n for size, room in zip(sizes, padded) for n in (size, room - size)]
       for (i, leaf), y in zip(members, torch.split(flat, cuts)[::2]):
-        out[i] = y.view(leaf.x.shape)
+        out[i] = y if leaf.x.dim() == 1 else y.view(leaf.x.shape)
       if dtype == torch.float64 and plan.host64:
         self._host_rows(batch, plan, members, out)
     return out
