@@ -15,8 +15,9 @@ run: median wall time of calls that wait for the device. The exit status is 1 wh
 configuration's bits differ.
 
 ``default`` is the route's own configuration; ``items-64k`` the fixed 65,536-unit work items
-the route had before items were sized per call; the others change one or two constants. Without a CUDA device it prints one line and
-exits 0 (``--device cpu`` runs it on CPU tensors under ``TRITON_INTERPRET=1``: a smoke run).
+the route had before items were sized per call; the others change one or two constants.
+Without a CUDA device it prints one line and exits 0 (``--device cpu`` runs it on CPU tensors
+under ``TRITON_INTERPRET=1``: a smoke run).
 """
 
 from __future__ import annotations
