@@ -27,7 +27,7 @@ import contextlib
 import sys
 from typing import Iterator, Sequence
 
-from clipbench.benchmarks import workloads
+from clipbench.benchmarks import gpu_targets
 
 # The tunable module constants, by module: tables (work items) and passes (tiles, warps).
 _TABLES = ("MIN_ITEM_UNITS", "MAX_ITEM_UNITS", "TARGET_ITEMS")
@@ -85,90 +85,43 @@ def _output_bits(result) -> list[bytes]:
           for t in list(outs) + [norm]]
 
 
-def _timed(impl_name: str, workload, inputs, device: str) -> tuple[float, object] | str:
-  """(median seconds, one call's result), or why the case does not run."""
-  from clipbench.benchmarks import timing  # pylint: disable=import-outside-toplevel
-  from clipbench.benchmarks.gpu_targets import synchronize  # pylint: disable=import-outside-toplevel
-  impl, _, reason = timing.load_case(impl_name, workload.name, "float32", device)
-  if reason is not None:
-    return reason
-  prepared = timing.prepare(impl, workload, inputs, device)
-  runner = timing.timed_runner(impl, prepared)
-
-  def reset():
-    if impl.capabilities.in_place:
-      timing.refill_in_place(prepared, inputs)
-    synchronize(device)
-
-  for _ in range(2):  # compilation, tables, allocator
-    reset()
-    result = runner(prepared)
-  seconds = timing.median_call_seconds(lambda: runner(prepared), reset, min_calls=5,
-                                       max_calls=30, budget_seconds=1.0)
-  return seconds, result
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m clipbench.benchmarks.triton_tuning",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--gpu-scale", type=float, default=0.25,
-                      help="fraction of the GPU-sized workloads' (W7, W8) stated size")
-  parser.add_argument("--scale", type=float, default=1.0,
-                      help="fraction of the other workloads' stated size")
-  parser.add_argument("--workload", action="append",
-                      choices=tuple(w.name for w in workloads.WORKLOADS),
-                      help="workload (repeatable)")
+  gpu_targets.add_card_arguments(parser, gpu_scale=0.25)
   parser.add_argument("--config", action="append", choices=tuple(CONFIGS),
                       help="configuration (repeatable; default: all)")
-  parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-  parser.add_argument("--output", help="also write the table as CSV to this path")
   args = parser.parse_args(argv)
-  for option, value in (("--gpu-scale", args.gpu_scale), ("--scale", args.scale)):
-    if not 0 < value <= 1:
-      parser.error(f"{option}: expected a fraction in (0, 1], got {value}")
-  from clipbench.benchmarks import gpu_check  # pylint: disable=import-outside-toplevel
-  reason = gpu_check.no_gpu_reason() if args.device == "cuda" else None
-  if reason:
-    print(f"triton_tuning: {reason}; nothing timed")
+  if gpu_targets.card_absent(parser, args):
     return 0
   import pandas as pd  # pylint: disable=import-outside-toplevel
   rows = []
-  for name in args.workload or WORKLOADS:
-    workload = workloads.get(name)
-    scale = args.gpu_scale if workload.gpu_sized else args.scale
-    if workloads.host_skip_reason(workload, args.device, scale):
-      continue
-    inputs = workload.build(scale, "float32")
-    peer = ("torch.clip_grad_norm_.foreach" if workload.op == "clip_grad_norm"
-            else "baseline.torch-index-add")
-    timed = _timed(peer, workload, inputs, args.device)
-    peer_ms = timed[0] * 1e3 if isinstance(timed, tuple) else float("nan")
+  for workload, scale, inputs in gpu_targets.workload_inputs(args, WORKLOADS):
+    peer = gpu_targets.peer_of(workload.name)
+    case = gpu_targets.timed(peer, workload, inputs, args.device)
+    peer_ms = float("nan") if isinstance(case, str) else case.seconds * 1e3
     reference = None
     for config in (EAGER,) + tuple(args.config or CONFIGS):
       if config == EAGER:
         with _cuda_route(args.device):
-          timed = _timed(EAGER, workload, inputs, args.device)
+          case = gpu_targets.timed(EAGER, workload, inputs, args.device)
       else:
         with configured(CONFIGS[config]):
-          timed = _timed(OURS, workload, inputs, args.device)
-      row = {"workload": name, "scale": scale, "config": config, "peer": peer,
+          case = gpu_targets.timed(OURS, workload, inputs, args.device)
+      row = {"workload": workload.name, "scale": scale, "config": config, "peer": peer,
              "peer_ms": peer_ms}
-      if isinstance(timed, str):
-        rows.append({**row, "skip": timed})
+      if isinstance(case, str):
+        rows.append({**row, "skip": case})
         continue
-      bits = _output_bits(timed[1])
+      bits = _output_bits(case.result)
       reference = bits if reference is None else reference
-      row.update(ms=timed[0] * 1e3, vs_peer=timed[0] * 1e3 / peer_ms,
+      row.update(ms=case.seconds * 1e3, vs_peer=case.seconds * 1e3 / peer_ms,
                  same_bits=bits == reference)
       rows.append(row)
-      print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()},
-            flush=True)
-    del inputs
+      gpu_targets.print_row(row)
+    del inputs  # before the next workload's are built
   frame = pd.DataFrame(rows)
-  print(frame.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
-  if args.output:
-    from clipbench import files  # pylint: disable=import-outside-toplevel
-    files.write_text(args.output, frame.to_csv(index=False))
+  gpu_targets.report(frame, args.output)
   if "same_bits" in frame and not frame["same_bits"].fillna(True).all():
     print("triton_tuning: a configuration changed output bits", file=sys.stderr)
     return 1
