@@ -21,6 +21,13 @@ could be trusted. Counted per call, after one untimed warm-up call:
   ``.tolist()`` of the tensor that a ``.cpu()`` returned is the same transfer, counted once.
   Uploads (host to device) are not counted: they do not wait for the device.
 
+One more figure is a time, for the implementations whose kernels are Triton's: ``host_us_per_leaf``,
+the host's own work per call and leaf, timed with every Triton launch replaced by one that
+does nothing (so no kernel, compiled or interpreted, runs; the call's Python, its operators
+around the launches and its outputs are what is timed; the best of :data:`HOST_REPEATS`
+calls, each call's outputs held until its time is taken). Issue 30's budget for it is 1 us a
+leaf on W4. It is a timing, so it is a benchmark's figure, never a test's.
+
 Our torch implementations are counted on their CUDA route: CPU tensors take the accelerator's
 branches (``impls/own/torch/branches.py``) and never the numba host route. ``torch.compile``d
 kernels cannot be counted without a driver (inductor's launches are not Triton's
@@ -62,6 +69,7 @@ VALUE_SHAPED: frozenset[str] = frozenset({
     "aten.repeat_interleave.Tensor",
 })
 SCALAR_READ = "aten._local_scalar_dense.default"
+HOST_REPEATS = 7
 
 
 @dataclasses.dataclass
@@ -223,6 +231,7 @@ class Row:
   systems: int
   costs: Costs | None
   skip: str = ""
+  host_us_per_leaf: float | None = None  # Triton implementations only (module docstring)
 
 
 def count_case(impl_name: str, workload_name: str, dtype: str = "float32",
@@ -250,7 +259,47 @@ def count_case(impl_name: str, workload_name: str, dtype: str = "float32",
     timing.refill_in_place(prepared, inputs)
   with counting() as costs:
     runner(prepared)
-  return Row(impl_name, workload_name, dtype, len(inputs.leaves), systems, costs)
+  host = None
+  if _runs_triton(impl):
+    host = host_seconds(lambda: runner(prepared)) * 1e6 / max(1, len(inputs.leaves))
+  return Row(impl_name, workload_name, dtype, len(inputs.leaves), systems, costs,
+             host_us_per_leaf=host)
+
+
+def _runs_triton(impl: Any) -> bool:
+  from clipbench.impls.own.triton.passes import TritonKernels  # pylint: disable=C0415
+  return isinstance(getattr(impl.obj, "kernels", None), TritonKernels)
+
+
+def _launch_nothing(run: Callable) -> Callable:
+  @functools.wraps(run)
+  def skipped(self, *args, **kwargs):  # pylint: disable=unused-argument
+    return None
+  return skipped
+
+
+@contextlib.contextmanager
+def launches_skipped() -> Iterator[None]:
+  """Every Triton launch inside the block does nothing (for timing the host's part)."""
+  with contextlib.ExitStack() as stack:
+    for runner in _triton_runners():
+      stack.enter_context(_patched(runner, "run", _launch_nothing))
+    yield
+
+
+def host_seconds(call: Callable[[], object], repeats: int = HOST_REPEATS) -> float:
+  """The best time of ``call()`` with its Triton launches skipped (one untimed call first);
+  each call's result is released only after its time is taken."""
+  import time  # pylint: disable=import-outside-toplevel
+  best = float("inf")
+  with launches_skipped():
+    call()
+    for _ in range(repeats):
+      start = time.perf_counter()
+      result = call()
+      best = min(best, time.perf_counter() - start)
+      del result
+  return best
 
 
 def rows_frame(rows: Sequence[Row]):
@@ -264,7 +313,9 @@ def rows_frame(rows: Sequence[Row]):
         "systems": r.systems, "operators": None if c is None else c.operators,
         "launches": None if c is None else c.launches,
         "transfers": None if c is None else c.transfers,
-        "views": None if c is None else c.views, "skip": r.skip})
+        "views": None if c is None else c.views,
+        "host_us_per_leaf": (None if r.host_us_per_leaf is None else
+                             round(r.host_us_per_leaf, 3)), "skip": r.skip})
   return pd.DataFrame.from_records(records).astype(
       {k: "Int64" for k in ("operators", "launches", "transfers", "views")})
 

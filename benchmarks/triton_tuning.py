@@ -53,7 +53,8 @@ EAGER = "clipbench.torch"  # the eager CUDA route: the bits every configuration 
 @contextlib.contextmanager
 def configured(settings: dict[str, int]) -> Iterator[None]:
   """The Triton route with ``settings`` in place of its module constants, restored after."""
-  from clipbench.impls.own.triton import passes, tables  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from clipbench.impls.own.triton import layouts, passes, tables
   unknown = set(settings) - set(_TABLES) - set(_PASSES)
   if unknown:
     raise ValueError(f"settings: unknown constants {sorted(unknown)}")
@@ -61,12 +62,12 @@ def configured(settings: dict[str, int]) -> Iterator[None]:
   try:
     for name, value in settings.items():
       setattr(tables if name in _TABLES else passes, name, value)
-    tables._cache.clear()  # pylint: disable=protected-access
+    layouts.clear()
     yield
   finally:
     for name, value in saved.items():
       setattr(tables if name in _TABLES else passes, name, value)
-    tables._cache.clear()  # pylint: disable=protected-access
+    layouts.clear()
 
 
 def _cuda_route(device: str):

@@ -53,11 +53,18 @@ def test_own_route_takes_the_accelerator_branches_inside_the_block():
   assert branches.on_host(cpu.device)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="Triton kernels run on the CPU only under TRITON_INTERPRET=1")
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton kernels run on the CPU only under TRITON_INTERPRET=1")
+
+
+def _triton():
+  return pytest.importorskip("triton"), pytest.importorskip("triton.language")
+
+
+@needs_interpreter
 def test_triton_launches_are_counted_and_their_inside_is_not():
-  triton = pytest.importorskip("triton")
-  tl = pytest.importorskip("triton.language")
+  triton, tl = _triton()
 
   @triton.jit
   def _double(x_ptr, n, BLOCK: tl.constexpr):
@@ -72,6 +79,27 @@ def test_triton_launches_are_counted_and_their_inside_is_not():
   assert c.launches == 3
   assert c.operators == 0
   assert torch.equal(x, torch.full((100,), 8.0))
+
+
+@needs_interpreter
+def test_host_time_skips_the_launches_and_is_reported_for_triton_only():
+  # The host's part of a call is timed with Triton launches that do nothing: a kernel inside
+  # the block leaves its output as it was; after the block it runs again.
+  triton, tl = _triton()
+
+  @triton.jit
+  def _fill(x_ptr, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.full((BLOCK,), 7.0, tl.float32))
+
+  x = torch.zeros(16)
+  seconds = costs.host_seconds(lambda: _fill[(1,)](x, BLOCK=16), repeats=2)
+  assert seconds > 0 and torch.equal(x, torch.zeros(16))
+  _fill[(1,)](x, BLOCK=16)
+  assert torch.equal(x, torch.full((16,), 7.0))
+  ours = costs.count_case("clipbench.triton", "W4-many-small", scale=0.01)
+  peer = costs.count_case("torch.clip_grad_norm_.foreach", "W4-many-small", scale=0.01)
+  assert ours.host_us_per_leaf is not None and ours.host_us_per_leaf > 0
+  assert peer.host_us_per_leaf is None  # its kernels run on the host: no host-only part
 
 
 def test_in_place_rounds_reuse_the_parameters_and_clip_fresh_values():

@@ -241,3 +241,57 @@ def test_rows_longer_than_a_tile_give_the_eager_bits():
   for (outs, norm), (ref_outs, ref_norm) in zip(got, want):
     assert _bits(norm) == _bits(ref_norm)
     assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs]
+
+
+def test_a_cached_layout_serves_the_same_addresses_and_only_those(monkeypatch):
+  # A call's tables and output places are kept by its leaves' addresses, shapes and dtypes
+  # (``layouts``). The same tensors again: nothing rebuilt, and no Leaf object made (a call of
+  # 10,000 leaves walks them in C-level maps only). Other tensors of the same shapes at other
+  # addresses, a leaf made non-contiguous, float16 in place of float32: rebuilt, and every
+  # output the eager route's (a stale layout would read the first tensors' bytes).
+  from clipbench.impls.own.torch import layout as torch_layout
+  from clipbench.impls.own.triton import implementation as triton_impl, layouts, tables
+  built, made = [], []
+  build = tables.work_items
+  monkeypatch.setattr(tables, "work_items", lambda *a, **k: built.append(1) or build(*a, **k))
+
+  class CountedLeaf(torch_layout.Leaf):
+    __slots__ = ()
+
+    def __init__(self, *args, **kwargs):
+      made.append(1)
+      super().__init__(*args, **kwargs)
+
+  monkeypatch.setattr(torch_layout, "Leaf", CountedLeaf)
+  layouts.clear()
+  rng = np.random.default_rng(36)
+
+  def leaves_of(seed_shift, dtype=torch.float32):
+    return [torch.tensor(rng.standard_normal(n) * (1 + seed_shift), dtype=dtype)
+            for n in (5, 130, 1, 64)] + [torch.tensor(rng.standard_normal((7, 3)), dtype=dtype)]
+
+  def check(leaves):
+    with branches.accelerator_branches():
+      _, total = eager.clip_grad_norm(leaves, math.inf)
+      ref_outs, ref_norm = eager.clip_grad_norm(leaves, float(total) / 2)
+    made.clear()  # the eager route's own
+    outs, norm = triton_impl.clip_grad_norm(leaves, float(total) / 2)
+    assert _bits(norm) == _bits(ref_norm)
+    assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs]
+    assert [x.shape for x in outs] == [x.shape for x in leaves]
+
+  first = leaves_of(0)
+  check(first)
+  assert built and made  # the first call builds its layout (and Leaf objects to do it)
+  built.clear(), made.clear()
+  check(first)
+  assert (built, made) == ([], [])
+  second = leaves_of(1)  # ``first`` stays alive: its addresses cannot be reused
+  check(second)
+  assert built
+  built.clear()
+  strided = leaves_of(2)
+  strided[4] = strided[4].t()  # (3, 7), not contiguous: copied, so a new address every call
+  check(strided)
+  check(leaves_of(3, torch.float16))
+  assert len(built) >= 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,6 +33,8 @@ def check_leaves(leaves: Any) -> list[torch.Tensor]:
   """Rule 9: a list of torch tensors of float16, bfloat16, float32 or float64, one device."""
   if not isinstance(leaves, (list, tuple)):
     raise TypeError(f"leaves: expected a list of tensors, got {type(leaves).__name__}")
+  if _all_valid(leaves):
+    return list(leaves)
   device = None
   for i, leaf in enumerate(leaves):
     if not isinstance(leaf, torch.Tensor):
@@ -42,6 +45,19 @@ def check_leaves(leaves: Any) -> list[torch.Tensor]:
     elif leaf.device != device:
       raise ValueError(f"leaves[{i}]: on {leaf.device}, expected {device} like leaves[0]")
   return list(leaves)
+
+
+def _all_valid(leaves: Sequence[Any]) -> bool:
+  """Whether every leaf passes :func:`check_leaves`, found with C-level maps over the leaves
+  (a call may have 10,000); when not, the leaf by leaf walk names the first bad one."""
+  if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, leaves))):
+    return False
+  try:
+    for dtype in set(map(operator.attrgetter("dtype"), leaves)):
+      validation.check_leaf_dtype_name(0, _dtype_name(dtype))
+  except (TypeError, ValueError):
+    return False
+  return len(set(map(operator.attrgetter("device"), leaves))) <= 1
 
 
 @dataclasses.dataclass

@@ -10,12 +10,15 @@ transfer (:mod:`.host_read`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
+import operator
 
 import torch
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Leaf:
   """One leaf as a (rows, width) matrix of the systems' rows."""
 
@@ -46,9 +49,15 @@ class Batch:
   factor bits, 24 (the system has an element in a float16/bfloat16/float32 leaf) or 53: an int
   when every system has the same, else a device tensor; ``seg_range`` the smallest and largest
   id each leaf's segments hold, as given (an (L, 2) device tensor, read for the range check).
+
+  The :class:`Leaf` objects are built when a route first reads :attr:`leaves`: a route that
+  needs only the tensors, their shapes and dtypes (Triton's, on a cached layout) builds none,
+  which matters at 10,000 leaves a call (W4). ``shapes`` names the leaves' dimensions for
+  such a cache: the tensors' shapes as given, or after :meth:`with_leaves` each leaf's
+  ``(shape, rows, width, vec)``.
   """
 
-  leaves: list[Leaf]
+  tensors: list[torch.Tensor]  # each leaf's tensor, as the kernels read it (Leaf.x)
   num_systems: int
   device: torch.device
   norm64: bool  # the norm dtype is float64 (some leaf is float64)
@@ -56,25 +65,57 @@ class Batch:
   counts: torch.Tensor | None = None
   prec: int | torch.Tensor = 24
   seg_range: torch.Tensor | None = None
+  _: dataclasses.KW_ONLY
+  segs: list[torch.Tensor] | None = None  # the int64 ids given to make_batch
+  shapes: tuple = ()
+  dtypes: tuple[torch.dtype, ...] = ()
+  built: list[Leaf] | None = dataclasses.field(default=None, repr=False)
 
   @property
+  def leaves(self) -> list[Leaf]:
+    if self.built is None:
+      rows, widths, vecs = _all_dims(self.shapes) if self.tensors else ((), (), ())
+      self.built = list(map(Leaf, self.tensors, rows, widths, vecs,
+                            itertools.repeat(None) if self.segs is None else self.segs))
+    return self.built
+
+  def with_leaves(self, leaves: list[Leaf]) -> Batch:
+    """The batch of other leaves (sanitized, contiguous, or with rows left out)."""
+    return dataclasses.replace(
+        self, tensors=[leaf.x for leaf in leaves], segs=[leaf.seg for leaf in leaves],
+        shapes=tuple((leaf.x.shape, leaf.rows, leaf.width, leaf.vec) for leaf in leaves),
+        dtypes=tuple(leaf.x.dtype for leaf in leaves), built=leaves)
+
+  @functools.cached_property
   def numel(self) -> int:
-    return sum(leaf.numel for leaf in self.leaves)
+    if self.built is None:
+      return sum(map(torch.Tensor.numel, self.tensors))
+    return sum(leaf.numel for leaf in self.built)
+
+
+def _dims(shape: torch.Size) -> tuple[int, int, int]:
+  """A leaf's rows, elements per row and last axis length."""
+  rows = shape[0] if shape else 1
+  width = math.prod(shape[1:]) if len(shape) > 1 else 1
+  vec = shape[-1] if len(shape) > 1 else 1
+  return rows, width, vec
+
+
+@functools.lru_cache(maxsize=16)
+def _all_dims(shapes: tuple[torch.Size, ...]) -> tuple[tuple[int, ...], ...]:
+  """The rows, widths and last axes of a call's leaves (a training loop repeats its shapes)."""
+  return tuple(zip(*map(_dims, shapes)))
 
 
 def make_batch(leaves: list[torch.Tensor], segs: list[torch.Tensor] | None,
                num_systems: int) -> Batch:
   """The layout of checked leaves and int64 ids (``segs`` None: one system, the global path)."""
   device = leaves[0].device if leaves else torch.device("cpu")
-  out = []
-  for i, x in enumerate(leaves):
-    shape = x.shape
-    rows = shape[0] if shape else 1
-    width = math.prod(shape[1:]) if len(shape) > 1 else 1
-    vec = shape[-1] if len(shape) > 1 else 1
-    out.append(Leaf(x, rows, width, vec, None if segs is None else segs[i]))
-  norm64 = any(x.dtype == torch.float64 for x in leaves)
-  return Batch(out, num_systems, device, norm64, segs is not None)
+  # C-level maps: a call may have 10,000 leaves (W4).
+  shapes = tuple(map(operator.attrgetter("shape"), leaves))
+  dtypes = tuple(map(operator.attrgetter("dtype"), leaves))
+  return Batch(list(leaves), num_systems, device, torch.float64 in dtypes, segs is not None,
+               segs=segs, shapes=shapes, dtypes=dtypes)
 
 
 def sanitize(batch: Batch) -> Batch:
@@ -84,7 +125,7 @@ def sanitize(batch: Batch) -> Batch:
     x = torch.where(torch.isfinite(leaf.x), leaf.x, torch.zeros((), dtype=leaf.x.dtype,
                                                                  device=leaf.x.device))
     leaves.append(dataclasses.replace(leaf, x=x, owned=True))
-  return dataclasses.replace(batch, leaves=leaves)
+  return batch.with_leaves(leaves)
 
 
 def gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -364,7 +364,7 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     if nonfinite == "zero":
       batch = sanitize(batch)
     counted = [first_rank or w == "rows" for w in ways] if valid else []
-    measured_batch = dataclasses.replace(batch, leaves=[
+    measured_batch = batch.with_leaves([
         leaf if keep else dataclasses.replace(leaf, rows=0)
         for leaf, keep in zip(batch.leaves, counted)])
     measured_batch = kernels.prepare(measured_batch)

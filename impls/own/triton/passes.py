@@ -23,10 +23,10 @@ from clipbench.impls.own.torch.certified import Pieces
 from clipbench.impls.own.torch.decisions import Plan, Single
 from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.floats import U64, gamma
-from clipbench.impls.own.torch.layout import Batch, Leaf
+from clipbench.impls.own.torch.layout import Batch
 from clipbench.impls.own.torch.measure import Measured
 from clipbench.impls.own.triton import decision_kernel as dk
-from clipbench.impls.own.triton import kernels, scratch as S, tables
+from clipbench.impls.own.triton import kernels, layouts, scratch as S
 from clipbench.impls.own.triton.scratch import Scratch
 
 # Read once, as triton does: the interpreter is chosen before triton is first imported.
@@ -60,15 +60,12 @@ def _bits(value: float) -> int:
   return int(np.array([value], np.float64).view(np.int64)[0])
 
 
-def _pow2_at_least(n: int) -> int:
-  return 1 << max(0, (max(n, 1) - 1).bit_length())
-
-
 @dataclasses.dataclass
 class ScratchPlan(Plan):
   """A plan whose per-system tensors are regions of the call's scratch buffer."""
 
   scratch: Scratch | None = None
+  layout: layouts.Layout | None = None
 
 
 class TritonKernels(EagerKernels):
@@ -80,7 +77,7 @@ class TritonKernels(EagerKernels):
   POW_ABS_ERR = 2.0 ** -50
 
   def _check_device(self, batch: Batch) -> None:
-    if batch.leaves and batch.device.type != "cuda" and not INTERPRET:
+    if batch.tensors and batch.device.type != "cuda" and not INTERPRET:
       raise ValueError(f"leaves[0]: on {batch.device}; the Triton implementation needs CUDA "
                        "tensors, or TRITON_INTERPRET=1 for CPU tensors")
 
@@ -91,13 +88,14 @@ class TritonKernels(EagerKernels):
     self._check_device(batch)
     if not _has_elements(batch):
       return super().prepare(batch)
-    low = any(leaf.low and leaf.numel for leaf in batch.leaves)
+    low = any(t.dtype != torch.float64 and t.numel() for t in batch.tensors)
     batch.prec = 24 if low or not batch.norm64 else 53  # per system where both (see _resolve)
-    for leaf in batch.leaves:
-      if not leaf.x.is_contiguous():
-        leaf.x = leaf.x.contiguous()
-      if leaf.seg is not None and not leaf.seg.is_contiguous():
-        leaf.seg = leaf.seg.contiguous()
+    # Over the tensors, in C-level maps: the Leaf objects are built only when one is copied.
+    if not (all(map(torch.Tensor.is_contiguous, batch.tensors)) and
+            all(map(torch.Tensor.is_contiguous, batch.segs or ()))):
+      batch = batch.with_leaves([dataclasses.replace(
+          leaf, x=leaf.x.contiguous(), seg=None if leaf.seg is None else leaf.seg.contiguous())
+          for leaf in batch.leaves])
     return batch
 
   # ------------------------------------------------------------------------------ the call
@@ -111,65 +109,69 @@ class TritonKernels(EagerKernels):
     # units: a scan over rows, not over their elements.
     rows = ROW_UNITS if per_system and kind == "sum" and p in (1.0, 2.0) and not batch.norm64 \
         else 0
-    groups = _groups(batch, steps=kind == "step" and not batch.norm64, rows_upto=rows)
+    layout = layouts.layout_of(batch)
+    groups = layout.groups(kind == "step" and not batch.norm64, rows, MAX_VEC)
     items = sum(t.items for _, t in groups) if not per_system else 0
-    scratch = Scratch(K, len(batch.leaves), items, dev)
+    scratch = Scratch(K, len(batch.tensors), items, dev)
     norm64 = batch.norm64
-    low = any(leaf.low and leaf.numel for leaf in batch.leaves)
+    low = layout.low
     if kind == "step" and norm64:  # the exact path for every system: only the flags here
-      self._measure(scratch, groups, batch, kernels.EXTREMES, counts=True, low=low)
+      self._measure(scratch, groups, batch, layout.numel, kernels.EXTREMES, counts=True, low=low)
       decide_kind = dk.EXACT
     elif kind == "step":
-      self._measure(scratch, groups, batch, kernels.STEPS, counts=True, low=False)
+      self._measure(scratch, groups, batch, layout.numel, kernels.STEPS, counts=True, low=False)
       decide_kind = dk.STEP
     elif kind == "sum" and p in (1.0, 2.0) and not norm64:
       mode = kernels.SQUARES if p == 2 else kernels.MAGNITUDES
-      self._measure(scratch, groups, batch, mode, counts=True, low=False)
+      self._measure(scratch, groups, batch, layout.numel, mode, counts=True, low=False)
       decide_kind = dk.SUM
     else:
-      self._measure(scratch, groups, batch, kernels.EXTREMES, counts=True, low=norm64 and low)
+      self._measure(scratch, groups, batch, layout.numel, kernels.EXTREMES, counts=True, low=norm64 and low)
       if kind in ("max", "min"):
         decide_kind = dk.MAX if kind == "max" else dk.MIN
       elif norm64 and p in (1.0, 2.0):
-        self._measure(scratch, groups, batch, kernels.PIECES, square=p == 2, counts=False,
+        self._measure(scratch, groups, batch, layout.numel, kernels.PIECES, square=p == 2, counts=False,
                       low=False)
         decide_kind = dk.PIECES
       elif norm64:
         decide_kind = dk.EXACT
       else:
-        self._measure(scratch, groups, batch, kernels.POWERS, p=p, counts=False, low=False)
+        self._measure(scratch, groups, batch, layout.numel, kernels.POWERS, p=p, counts=False, low=False)
         decide_kind = dk.POWER
-    self._check_ids_of_empty_leaves(scratch, batch)
-    self._decide(scratch, batch, threshold, decide_kind, p, items, _depth(groups, per_system),
-                 certified, low)
-    return self._read(scratch, batch, threshold, kind, p, certified)
+    self._check_ids_of_empty_leaves(scratch, batch, layout)
+    self._decide(scratch, batch, layout, threshold, decide_kind, p, items,
+                 _depth(groups, per_system), certified, low)
+    plan = self._read(scratch, batch, threshold, kind, p, certified)
+    plan.layout = layout
+    return plan
 
   @staticmethod
-  def _check_ids_of_empty_leaves(scratch: Scratch, batch: Batch) -> None:
+  def _check_ids_of_empty_leaves(scratch: Scratch, batch: Batch,
+                                 layout: layouts.Layout) -> None:
     """Leaves with rows but no element launch nothing: their ids' range goes into the summary
     by tensor operations (the kernels' own words for every other leaf)."""
     K = batch.num_systems
-    for i, leaf in enumerate(batch.leaves):
-      if leaf.rows and not leaf.numel:
-        lo, hi = torch.aminmax(leaf.seg)
-        words = scratch.buffer[S.LEAF_WORDS + 2 * i:S.LEAF_WORDS + 2 * i + 2]
-        words.copy_(torch.stack([(-lo).clamp(min=0), (hi - K + 1).clamp(min=0)]))
+    for i in layout.empty_with_rows:
+      lo, hi = torch.aminmax(batch.leaves[i].seg)
+      words = scratch.buffer[S.LEAF_WORDS + 2 * i:S.LEAF_WORDS + 2 * i + 2]
+      words.copy_(torch.stack([(-lo).clamp(min=0), (hi - K + 1).clamp(min=0)]))
 
-  def _measure(self, scratch: Scratch, groups, batch: Batch, mode: int, counts: bool,
-               low: bool, p: float = 2.0, square: bool = False) -> None:
+  def _measure(self, scratch: Scratch, groups, batch: Batch, numel: int, mode: int,
+               counts: bool, low: bool, p: float = 2.0, square: bool = False) -> None:
     """One launch per group: what ``mode`` accumulates, into the scratch buffer."""
     slot = 0
     for (dtype, vec), table in groups:
       kernels.measure_items[(table.items,)](
-          table.rows, scratch.buffer, scratch.base, batch.num_systems, batch.numel, slot,
+          table.rows, scratch.buffer, scratch.base, batch.num_systems, numel, slot,
           _bits(p), DTYPE=_tl(_TL_DTYPE[dtype]), MODE=mode, PER_SYSTEM=batch.per_system,
           COUNTS=counts and batch.per_system, FLAG_LOW=low and dtype != torch.float64,
           SQUARE=square, VEC=vec, ALIGNED=table.aligned,
           BLOCK=max(1, _tile(batch.per_system) // vec), num_warps=WARPS, **_LAUNCH)
       slot += table.items
 
-  def _decide(self, scratch: Scratch, batch: Batch, threshold: Threshold, decide_kind: int,
-              p: float, items: int, depth: int, certified: bool, low: bool) -> None:
+  def _decide(self, scratch: Scratch, batch: Batch, layout: layouts.Layout,
+              threshold: Threshold, decide_kind: int, p: float, items: int, depth: int,
+              certified: bool, low: bool) -> None:
     """One launch: every system's decisions, the plan and the summary. ``depth`` bounds the
     additions along any path of a system's float64 sums (``_depth``)."""
     K = batch.num_systems
@@ -180,15 +182,14 @@ class TritonKernels(EagerKernels):
       thr, thr_bits, mode = scratch.buffer, _bits(float(threshold.values[0])), 0
     else:
       thr, thr_bits, mode = threshold.on(batch.device), 0, 1
-    longest = max((leaf.vec for leaf in batch.leaves if leaf.numel), default=1)
-    rel = gamma(longest + 1) * 0.5001 + 4 * U64
-    depth += len(batch.leaves) + 8
-    dtypes = {leaf.x.dtype for leaf in batch.leaves if leaf.numel}
+    rel = gamma(layout.longest + 1) * 0.5001 + 4 * U64
+    depth += len(batch.tensors) + 8
+    dtypes = layout.dtypes
     prec = (0 if batch.per_system else 24) if batch.norm64 and low else (
         53 if batch.norm64 else 24)
     if K:
       dk.decide_systems[(triton_cdiv(K, DECIDE_BLOCK),)](
-          scratch.buffer, scratch.base, K, len(batch.leaves), items, batch.numel, thr,
+          scratch.buffer, scratch.base, K, len(batch.tensors), items, layout.numel, thr,
           thr_bits, _bits(p), _bits(float(depth)), _bits(rel), KIND=decide_kind,
           P=int(p) if decide_kind in (dk.SUM, dk.PIECES) else 1, PER_SYSTEM=batch.per_system,
           NORM64=batch.norm64, PREC=prec, THRESHOLD=mode,
@@ -254,46 +255,43 @@ class TritonKernels(EagerKernels):
     self._check_device(batch)
     if not _has_elements(batch):
       return super().apply(batch, plan)
-    out: list[torch.Tensor | None] = [None] * len(batch.leaves)
-    by_dtype: dict[torch.dtype, list[tuple[int, Leaf]]] = {}
-    for i, leaf in enumerate(batch.leaves):
-      if leaf.numel:
-        by_dtype.setdefault(leaf.x.dtype, []).append((i, leaf))
-      else:
-        out[i] = leaf.x if leaf.owned else leaf.x.clone()
+    layout = plan.layout
+    out: list[torch.Tensor | None] = [None] * len(batch.tensors)
+    for i in layout.empty:
+      leaf = batch.leaves[i]
+      out[i] = leaf.x if leaf.owned else leaf.x.clone()
     K = batch.num_systems
-    for dtype, members in by_dtype.items():
-      sizes = [leaf.numel for _, leaf in members]
-      # Each output starts at a multiple of 16 elements of the dtype's buffer, 16-byte aligned
-      # as the allocation is, so that the kernel's full tiles store 16 bytes at a time.
-      padded = [-(-size // _OUT_ALIGN) * _OUT_ALIGN for size in sizes]
-      offsets = np.cumsum([0] + padded[:-1]).tolist()
-      table = tables.work_items(members, batch.device, out_offsets=offsets)
-      flat = torch.empty(sum(padded), dtype=dtype, device=batch.device)
-      kernels.apply_items[(table.items,)](
-          table.rows, flat, plan.scratch.buffer, plan.scratch.base, K,
-          DTYPE=_tl(_TL_DTYPE[dtype]), INT=_tl(_INT_OF[dtype]), PER_SYSTEM=batch.per_system,
-          ALIGNED=table.aligned, BLOCK=APPLY_BLOCK, num_warps=WARPS, **_LAUNCH)
-      # One split into the outputs and the gaps between them, and a view only where a leaf
-      # is not 1-D: fewer Python steps a leaf (W4 has 10,000 leaves).
-      cuts = [n for size, room in zip(sizes, padded) for n in (size, room - size)]
-      for (i, leaf), y in zip(members, torch.split(flat, cuts)[::2]):
-        out[i] = y if leaf.x.dim() == 1 else y.view(leaf.x.shape)
-      if dtype == torch.float64 and plan.host64:
-        self._host_rows(batch, plan, members, out)
+    for group in layout.outputs():
+      flat = torch.empty(group.total, dtype=group.dtype, device=batch.device)
+      kernels.apply_items[(group.table.items,)](
+          group.table.rows, flat, plan.scratch.buffer, plan.scratch.base, K,
+          DTYPE=_tl(_TL_DTYPE[group.dtype]), INT=_tl(_INT_OF[group.dtype]),
+          PER_SYSTEM=batch.per_system, ALIGNED=group.table.aligned, BLOCK=APPLY_BLOCK,
+          num_warps=WARPS, **_LAUNCH)
+      # One split of the buffer (into the outputs and the gaps between them, if any), and a
+      # view only where a leaf is not 1-D: W4 has 10,000 leaves.
+      pieces = list(torch.split(flat, group.sizes) if group.cuts is None else
+                    torch.split(flat, group.cuts)[::2])
+      for j, shape in group.shaped:
+        pieces[j] = pieces[j].view(shape)
+      if len(pieces) == len(out):
+        out = pieces
+      else:
+        for i, y in zip(group.positions, pieces):
+          out[i] = y
+      if group.dtype == torch.float64 and plan.host64:
+        self._host_rows(batch, plan, group.positions, out)
     return out
 
-  def _host_rows(self, batch: Batch, plan: Plan, members, out) -> None:
+  def _host_rows(self, batch: Batch, plan: Plan, positions, out) -> None:
     """float64 outputs of the systems whose factor leaves no room: exactly, on the host."""
-    for i, leaf in members:
+    for i in positions:
+      leaf = batch.leaves[i]
       if not batch.per_system:
         values = host_scale_toward_zero(leaf.x.detach().cpu().numpy(), plan.host_scale[0])
         out[i].copy_(torch.as_tensor(values, device=leaf.x.device).view(leaf.x.shape))
         continue
       with_host_rows(leaf.matrix(), leaf.seg, out[i].view(leaf.rows, leaf.width), plan)
-
-
-_OUT_ALIGN = 16  # elements
 
 
 def _tile(per_system: bool) -> int:
@@ -313,25 +311,8 @@ def _depth(groups, per_system: bool) -> int:
 
 
 def _has_elements(batch: Batch) -> bool:
-  return any(leaf.numel for leaf in batch.leaves)
+  return any(map(torch.Tensor.numel, batch.tensors))
 
 
 def triton_cdiv(a: int, b: int) -> int:
   return -(-a // b)
-
-
-def _groups(batch: Batch, steps: bool,
-            rows_upto: int = 0) -> list[tuple[tuple[torch.dtype, int], tables.Table]]:
-  """The nonempty leaves by dtype and by the padded length read at a time of their rows (for
-  step norms, and for leaves whose last axis is at most ``rows_upto`` long; 1: elements): one
-  table, one launch each."""
-  members: dict[tuple[torch.dtype, int], list[tuple[int, Leaf]]] = {}
-  for i, leaf in enumerate(batch.leaves):
-    if leaf.numel == 0 or (steps and leaf.vec == 0):
-      continue
-    as_rows = steps or 1 < leaf.vec <= rows_upto
-    vec = min(_pow2_at_least(leaf.vec), MAX_VEC) if as_rows else 1
-    members.setdefault((leaf.x.dtype, vec), []).append((i, leaf))
-  # Rows of one element are elements: as rows or not, the same table.
-  return [(key, tables.work_items(group, batch.device, steps=steps or key[1] > 1))
-          for key, group in members.items()]

@@ -7,7 +7,7 @@ cast back to a typed pointer in the kernel, so one launch spans every leaf of on
 
 A table depends only on the leaves' addresses and shapes (and the segment ids' addresses), so
 a training loop that clips the same gradient tensors every step uploads it once: tables are
-kept, by those facts, in a small cache of device tensors.
+kept with the rest of a call's layout (:mod:`.layouts`).
 
 A work item's length is chosen per table: long enough that a program's fixed costs (its table
 row, its atomics) are paid over many tiles, short enough that a call of a few million elements
@@ -17,7 +17,6 @@ between :data:`MIN_ITEM_UNITS` and :data:`MAX_ITEM_UNITS`, near ``units / TARGET
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import numpy as np
@@ -38,7 +37,6 @@ MIN_ITEM_UNITS = 1 << 11
 MAX_ITEM_UNITS = 1 << 16
 TARGET_ITEMS = 8192
 ALIGNMENT = 16  # bytes: where a leaf must start for the kernels' 16-byte loads
-_CACHE_SIZE = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +58,6 @@ def item_units(units: int) -> int:
   return min(MAX_ITEM_UNITS, max(MIN_ITEM_UNITS, 1 << (want - 1).bit_length()))
 
 
-_cache: collections.OrderedDict = collections.OrderedDict()
-
-
 def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool = False,
                out_offsets: list[int] | None = None) -> Table:
   """The table of a group of ``(position, leaf)`` (nonempty, one dtype).
@@ -71,14 +66,6 @@ def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool
   ``out_offsets`` gives each leaf's first element in its output buffer (apply tables).
   """
   size = item_units(sum(leaf.numel // max(leaf.vec if steps else 1, 1) for _, leaf in leaves))
-  key = (steps, device, size, tuple((i, leaf.x.data_ptr(), leaf.rows, leaf.width, leaf.vec,
-                               0 if leaf.seg is None else leaf.seg.data_ptr())
-                              for i, leaf in leaves), None if out_offsets is None else
-         tuple(out_offsets))
-  table = _cache.get(key)
-  if table is not None:
-    _cache.move_to_end(key)
-    return table
   rows = _rows(leaves, steps, out_offsets, size)
   host = torch.from_numpy(rows)
   device_rows = host if device.type == "cpu" else torch.empty(
@@ -86,11 +73,7 @@ def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool
   itemsize = leaves[0][1].x.element_size()
   aligned = bool(np.all(rows[:, 0] % ALIGNMENT == 0)
                  and np.all(rows[:, 7] * itemsize % ALIGNMENT == 0))
-  table = Table(device_rows, rows.shape[0], size, int(rows[:, 3].sum()), aligned)
-  _cache[key] = table
-  if len(_cache) > _CACHE_SIZE:
-    _cache.popitem(last=False)
-  return table
+  return Table(device_rows, rows.shape[0], size, int(rows[:, 3].sum()), aligned)
 
 
 def _rows(leaves: list[tuple[int, Leaf]], steps: bool, out_offsets: list[int] | None,
