@@ -91,17 +91,29 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def block_until_ready(x: Any) -> Any:
-  """Waits for asynchronous device work on ``x`` (a result tuple, list or array)."""
+  """Waits for asynchronous device work on ``x`` (a result tuple, list or array).
+
+  Each CUDA device of the torch tensors in ``x`` is synchronized once: one synchronization
+  per output tensor would put thousands of host round trips into a timed call (W4 returns
+  10,000 tensors), on both sides of every comparison.
+  """
+  cuda_devices: set = set()
+  _wait(x, cuda_devices)
+  if cuda_devices:
+    import torch
+    for device in cuda_devices:
+      torch.cuda.synchronize(device)
+  return x
+
+
+def _wait(x: Any, cuda_devices: set) -> None:
   if isinstance(x, (list, tuple)):
     for item in x:
-      block_until_ready(item)
-    return x
-  if hasattr(x, "block_until_ready"):
+      _wait(item, cuda_devices)
+  elif hasattr(x, "block_until_ready"):
     x.block_until_ready()
   elif type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False):
-    import torch
-    torch.cuda.synchronize(x.device)
-  return x
+    cuda_devices.add(x.device)
 
 
 def framework_available(framework: str) -> bool:
