@@ -70,8 +70,8 @@ VARIANTS = {
 }
 
 
-# The graph route: near-ties settled from limb sums (p = 1, 2, zero mode) and from the leaves
-# (other p).
+# The graph route: near-ties settled from limb sums (p = 1, 2, zero mode), vector by vector
+# (max-step) and from the leaves (other p).
 GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-p8", "clip_grad_norm-zero")
 
 
@@ -94,7 +94,53 @@ def compiled_text(route: str, op: str) -> tuple[str, int]:
   return lowered.compile().as_text(), smallest_shard(leaves, segments)
 
 
+def _step_tie():
+  """(leaves, segments, thresholds) of a max-step near-tie the graph route settles on the
+  device: system 0's longest vectors have norm 5 exactly, repeated (one round settles them
+  all) and once in another order; system 5's one such vector sits in the 1-D leaf's last
+  shard, on another device than its other rows."""
+  rng = np.random.default_rng(1)
+  vec = (rng.standard_normal(PER_SYSTEM_SHAPES[0]) * 0.1).astype(np.float32)
+  flat = (rng.standard_normal(PER_SYSTEM_SHAPES[1]) * 0.1).astype(np.float32)
+  vec[:1024:3] = (3, 4, 0)
+  vec[5] = (0, 4, 3)
+  flat[-1000] = 5.0
+  segs = [np.repeat(np.arange(NUM_SYSTEMS, dtype=np.int32), s[0] // NUM_SYSTEMS)
+          for s in PER_SYSTEM_SHAPES]
+  segs[1][-1000] = 5
+  thresholds = np.full(NUM_SYSTEMS, 1.0)
+  thresholds[0] = thresholds[5] = 5.0  # kept: every candidate of system 0 is checked
+  return [vec, flat], segs, thresholds
+
+
+def tie_rows():
+  """The sharded jitted graph route against the unsharded eager call (the leaves' way), bit
+  for bit, with the device rounds it made and the leaves' way's calls (there must be none)."""
+  from clipbench.impls.own.jax import exact_fallback, step_ties  # noqa: E402
+  calls = {"rounds": 0, "leaves": 0}
+
+  def counted(fn, key):
+    def wrapped(*args):
+      calls[key] += 1
+      return fn(*args)
+    return wrapped
+
+  step_ties.host_round = counted(step_ties.host_round, "rounds")
+  exact_fallback.host_ties = counted(exact_fallback.host_ties, "leaves")
+  leaves, segs, c = _step_tie()
+  function = functools.partial(api.clip_by_max_step, route="graph", num_systems=NUM_SYSTEMS)
+  want = function(leaves, c, segments=segs)
+  calls.update(rounds=0, leaves=0)
+  got = jax.jit(lambda xs, gs: function(xs, c, segments=gs))(
+      [jax.device_put(x, _rows(x.ndim)) for x in leaves],
+      [jax.device_put(g, _rows(1)) for g in segs])
+  same = all(np.asarray(g).tobytes() == np.asarray(w).tobytes()
+             for g, w in zip(list(got[0]) + [got[1]], list(want[0]) + [want[1]]))
+  print(json.dumps({"tie": "step-at-5.0", "same": same, **calls}), flush=True)
+
+
 def main() -> int:
+  tie_rows()
   for name, route in list(ROUTES.items()) + [("optax", "optax")]:
     for op in (OPS + tuple(VARIANTS)) if route == "host" else (OPS + GRAPH_VARIANTS) if (
         route == "graph") else ("clip_grad_norm",):

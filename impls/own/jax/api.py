@@ -133,10 +133,24 @@ def _run(op: str, api_op: str, leaves, layout: SystemLayout, threshold: Threshol
                                     layout.sorted_flags, threshold,
                                     op == "norm" and math.isinf(p), precise)
     cfg = Config(op, float(p), nonfinite == "zero", padded.num_systems, padded.sorted_flags,
-                 precise, dtypes, False, api_op, nonfinite)
+                 precise, dtypes, False, api_op, nonfinite, _spans_devices(leaves))
     outs, norms = clip_jit(cfg, padded.leaves, padded.segs, _device_counts(padded.counts),
                            _device_threshold(padded.threshold))
     return buckets.trim_outputs(outs, norms, trim, padded.on_host)
+
+
+def _spans_devices(leaves) -> bool:
+  """Whether some leaf of a call compiled alone may lie on several devices (a leaf batched by
+  an eager ``jax.vmap`` is looked at through its batch tracer)."""
+  for x in leaves:
+    while isinstance(x, jax.core.Tracer):
+      x = getattr(x, "val", None)
+      if x is None:
+        return True
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None and len(sharding.device_set) > 1:
+      return True
+  return False
 
 
 def _device_threshold(threshold: Threshold) -> Threshold:

@@ -19,6 +19,10 @@ class Config(NamedTuple):
   host: bool = False  # the numba kernels through XLA FFI (:mod:`.host_route`), not the graph
   api_op: str = ""  # the public operation (the host route's kernels are per operation)
   nonfinite: str = "propagate"
+  # Settle max-step near-ties on the devices (``step_ties``): where the leaves may be sharded.
+  # A call compiled alone on one device's leaves hands a tie's leaves to the host instead,
+  # which costs its compilation less and moves nothing it must not.
+  ties_on_device: bool = True
 
 
 class Threshold(NamedTuple):

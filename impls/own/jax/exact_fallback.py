@@ -9,8 +9,10 @@ integer limbs per exponent (:func:`exact_limb_sums`: integer additions, exact in
 so a sharded call's partial sums are all-reduced by XLA like any other sum), one system per
 round of a ``lax.while_loop``, and the host only compares the rebuilt integer with ``c**p``.
 What crosses to the host, and between devices, is a few thousand limb sums, not the leaves.
-Other p and max-step pass the leaves' bits to the host, which decides from every element
-(:func:`host_ties`); on sharded leaves XLA gathers them for it.
+Max-step: the few vectors that can decide a tie cross, one per system and round
+(:mod:`.step_ties`), where the leaves may be sharded (``Config.ties_on_device``). Other p (and
+max-step compiled alone on one device's leaves) pass the leaves' bits to the host, which
+decides from every element (:func:`host_ties`); on sharded leaves XLA gathers them for it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import numpy as np
 from jax import lax
 
 from clipbench.impls.own import decision, exact
+from clipbench.impls.own.jax import step_ties
 from clipbench.impls.own.jax.config import Config, Threshold
-from clipbench.impls.own.jax.formats import FLOAT64, bits_of, decode, format_of, u64
+from clipbench.impls.own.jax.formats import FLOAT64, as_words, bits_of, decode, format_of, u64
 
 
 def host_ties(cfg: Config, tie, c_bits, segs, *leaf_bits) -> np.ndarray:
@@ -41,7 +44,9 @@ def host_ties(cfg: Config, tie, c_bits, segs, *leaf_bits) -> np.ndarray:
   seg_list = None if segs is None else [np.asarray(s) for s in segs]
   decoded = []
   for bits, dt in zip(leaf_bits, cfg.dtypes):
-    bits = np.asarray(bits)
+    bits = np.ascontiguousarray(np.asarray(bits))
+    if np.dtype(dt).itemsize == 8:  # crossed as (..., 2) uint32 words
+      bits = bits.view(np.uint64).reshape(bits.shape[:-1])
     m, e = exact.magnitudes_from_bits(bits, format_of(dt).layout)
     nrows = bits.shape[0] if bits.ndim else 1
     d = bits.shape[-1] if (cfg.op == "step" and bits.ndim >= 2) else 1
@@ -161,13 +166,6 @@ def host_limb_tie(cfg: Config, c_bits, sum_words) -> np.ndarray:
   return np.array(1 if exceeds else 0, dtype=np.int8)
 
 
-def _as_words(v):
-  """uint64 values as (..., 2) uint32 words (a width-changing bitcast does not lower with x64
-  off, which is how an enclosing jax.jit lowers this graph)."""
-  return jnp.stack([lax.convert_element_type(v & 0xFFFFFFFF, jnp.uint32),
-                    lax.convert_element_type(v >> 32, jnp.uint32)], axis=-1)
-
-
 def limb_rounds_apply(cfg: Config, leaves) -> bool:
   """Whether this call's ties are settled from limb sums (p = 1, 2, no limb sum can
   overflow)."""
@@ -176,16 +174,22 @@ def limb_rounds_apply(cfg: Config, leaves) -> bool:
           and elements < limb_scheme(cfg.dtypes, cfg.p).capacity)
 
 
-def resolve_ties(cfg: Config, tie, action, threshold: Threshold, leaves, segs):
-  """action with near-ties decided exactly (the host callback runs only if a tie exists)."""
+def resolve_ties(cfg: Config, tie, action, threshold: Threshold, leaves, segs,
+                 vector_keys=None):
+  """action with near-ties decided exactly (the host callback runs only if a tie exists);
+  ``vector_keys``: max-step's per-vector keys from the pass (``SystemStats.vector_keys``)."""
   if limb_rounds_apply(cfg, leaves):
     return _resolve_by_limb_sums(cfg, tie, action, threshold, leaves, segs)
+  if step_ties.rounds_apply(cfg, leaves):
+    c_words = jnp.broadcast_to(as_words(threshold_bits(threshold.m, threshold.e)),
+                               (cfg.num_systems, 2))
+    return step_ties.resolve_step_ties(cfg, tie, action, c_words, leaves, segs, vector_keys)
   return _resolve_from_leaves(cfg, tie, action, threshold, leaves, segs)
 
 
 def _resolve_by_limb_sums(cfg: Config, tie, action, threshold: Threshold, leaves, segs):
   """One tie system per round: its limb sums on the device, the comparison on the host."""
-  c_words = jnp.broadcast_to(_as_words(threshold_bits(threshold.m, threshold.e)),
+  c_words = jnp.broadcast_to(as_words(threshold_bits(threshold.m, threshold.e)),
                              (cfg.num_systems, 2))
 
   def one_round(state):
@@ -194,7 +198,7 @@ def _resolve_by_limb_sums(cfg: Config, tie, action, threshold: Threshold, leaves
     sums = exact_limb_sums(cfg, leaves, segs, system)
     res = jax.pure_callback(
         functools.partial(host_limb_tie, cfg), jax.ShapeDtypeStruct((), jnp.int8),
-        c_words[system], _as_words(sums), vmap_method="sequential")
+        c_words[system], as_words(sums), vmap_method="sequential")
     verdict = jnp.where(res > 0, jnp.int8(decision.SCALE), jnp.int8(decision.KEEP))
     return open_.at[system].set(False), decided.at[system].set(verdict)
 
@@ -203,10 +207,11 @@ def _resolve_by_limb_sums(cfg: Config, tie, action, threshold: Threshold, leaves
 
 def _resolve_from_leaves(cfg: Config, tie, action, threshold: Threshold, leaves, segs):
   """Every tie decided from every element on the host."""
-  # Float64 crosses to the host as raw bits: with x64 off at run time JAX would round a
-  # float64 callback operand to float32.
-  c_bits = _as_words(threshold_bits(threshold.m, threshold.e))
-  leaf_bits = [bits_of(x, format_of(x.dtype)) for x in leaves]
+  # Float64 crosses to the host as raw bits in uint32 words: with x64 off at run time JAX
+  # would round a float64 callback operand to float32, and cut a uint64 one to its low word.
+  c_bits = as_words(threshold_bits(threshold.m, threshold.e))
+  leaf_bits = [as_words(bits_of(x, format_of(x.dtype))) if format_of(x.dtype).nbits == 64
+               else bits_of(x, format_of(x.dtype)) for x in leaves]
 
   def call():
     res = jax.pure_callback(

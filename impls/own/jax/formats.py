@@ -77,6 +77,13 @@ def u64(v):
   return lax.convert_element_type(v, jnp.uint64)
 
 
+def as_words(v):
+  """uint64 values as (..., 2) uint32 words, for a host callback's operands (a width-changing
+  bitcast does not lower with x64 off, which is how an enclosing jax.jit lowers the graph)."""
+  return jnp.stack([lax.convert_element_type(v & 0xFFFFFFFF, jnp.uint32),
+                    lax.convert_element_type(v >> 32, jnp.uint32)], axis=-1)
+
+
 def bits_of(x, fmt: FloatFormat):
   return lax.bitcast_convert_type(x, fmt.udtype)
 

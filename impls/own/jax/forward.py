@@ -62,7 +62,7 @@ def forward(cfg: Config, leaves, segs, counts, threshold: Threshold) -> Forward:
       jnp, s_hi=st.s_hi, s_lo=st.s_lo, sc_m=st.sc_m, sc_e=st.sc_e, rel_err=st.rel_err,
       zero=st.zero, nan=nan, inf=inf, c_m=threshold.m, c_e=threshold.e, c_inf=threshold.inf,
       p=2.0 if cfg.op == "step" else cfg.p, precise=cfg.precise)
-  action = resolve_ties(cfg, tie, action, threshold, leaves, segs)
+  action = resolve_ties(cfg, tie, action, threshold, leaves, segs, st.vector_keys)
   norms = _reported_norms(norm_v, st, nan, inf, cfg.precise)
   decided = Decision(action, s_m, s_e)
   outs = apply_factors(leaves, systems, decided, cfg.zero_mode, cfg.precise)

@@ -201,6 +201,22 @@ def global_stats(leaves, systems: Systems, p: float, zero_mode: bool) -> SystemS
                      zero=zero | (s_hi == 0), nan=has_nan, inf=has_inf)
 
 
+def vector_squares(vec, zero_mode: bool):
+  """(squared norm of each vector of vec (rows, vectors, d), nan, nonfinite): float64 squares
+  of widened elements, summed in a fixed pairwise tree; a vector holding a non-finite element
+  is 0 in propagate mode (its system is poisoned) and counts it as 0 in zero mode."""
+  v, nan, nonfinite = widen(vec)
+  sq = pairwise_sum_last(v * v)
+  if not zero_mode:
+    sq = jnp.where(jnp.any(nonfinite, axis=-1), 0.0, sq)
+  return sq, nan, nonfinite
+
+
+def step_rel_err(max_d: int) -> float:
+  """Relative error bound of :func:`vector_squares` for vectors of at most max_d elements."""
+  return float(decision.sum_rel_err(max_d, 0.0)) + 2.0 ** -100
+
+
 def step_stats(leaves, systems: Systems, zero_mode: bool) -> SystemStats:
   """Step norm: float64 squares of widened elements never overflow or underflow, each vector
   is summed in a fixed pairwise tree, maxima are float maxima."""
@@ -209,21 +225,21 @@ def step_stats(leaves, systems: Systems, zero_mode: bool) -> SystemStats:
   has_nan = jnp.zeros(s, bool)
   has_inf = jnp.zeros(s, bool)
   max_d = 1
+  keys = []
   for i, x in enumerate(leaves):
+    keys.append(None)
     if x.size == 0:
       continue
     vec = vectors(x)
     n_rows, d = vec.shape[0], vec.shape[-1]
     max_d = max(max_d, d)
-    v, nan, nonfinite = widen(vec)
-    sq = pairwise_sum_last(v * v)
-    if not zero_mode:
-      sq = jnp.where(jnp.any(nonfinite, axis=-1), 0.0, sq)
+    sq, nan, nonfinite = vector_squares(vec, zero_mode)
+    keys[-1] = lax.bitcast_convert_type(sq, jnp.uint64)  # monotone: sq >= 0
     best = jnp.maximum(best, systems.row_reduce(jnp.max(sq, axis=1), i, "max"))
     hn, hi = _system_flags(nan.reshape(n_rows, -1), nonfinite.reshape(n_rows, -1), systems, i)
     has_nan, has_inf = has_nan | hn, has_inf | (hi & ~hn)
-  rel = float(decision.sum_rel_err(max_d, 0.0)) + 2.0 ** -100
+  rel = step_rel_err(max_d)
   zero = best == 0
   return SystemStats(s_hi=best, s_lo=jnp.zeros(s), sc_m=jnp.full(s, 0.5),
                      sc_e=jnp.ones(s, jnp.int32), rel_err=jnp.full(s, rel), zero=zero,
-                     nan=has_nan, inf=has_inf)
+                     nan=has_nan, inf=has_inf, vector_keys=tuple(keys))

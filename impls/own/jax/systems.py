@@ -58,6 +58,7 @@ class SystemStats(NamedTuple):
   zero: Any
   nan: Any
   inf: Any
+  vector_keys: Any = None  # max-step: per leaf, a key monotone in each vector's norm (or None)
 
 
 def rows(x):
