@@ -201,19 +201,9 @@ def global_stats(leaves, systems: Systems, p: float, zero_mode: bool) -> SystemS
                      zero=zero | (s_hi == 0), nan=has_nan, inf=has_inf)
 
 
-def vector_squares(vec, zero_mode: bool):
-  """(squared norm of each vector of vec (rows, vectors, d), nan, nonfinite): float64 squares
-  of widened elements, summed in a fixed pairwise tree; a vector holding a non-finite element
-  is 0 in propagate mode (its system is poisoned) and counts it as 0 in zero mode."""
-  v, nan, nonfinite = widen(vec)
-  sq = pairwise_sum_last(v * v)
-  if not zero_mode:
-    sq = jnp.where(jnp.any(nonfinite, axis=-1), 0.0, sq)
-  return sq, nan, nonfinite
-
-
 def step_rel_err(max_d: int) -> float:
-  """Relative error bound of :func:`vector_squares` for vectors of at most max_d elements."""
+  """Relative error bound of a vector's squared norm in :func:`step_stats` (at most max_d
+  elements)."""
   return float(decision.sum_rel_err(max_d, 0.0)) + 2.0 ** -100
 
 
@@ -233,7 +223,10 @@ def step_stats(leaves, systems: Systems, zero_mode: bool) -> SystemStats:
     vec = vectors(x)
     n_rows, d = vec.shape[0], vec.shape[-1]
     max_d = max(max_d, d)
-    sq, nan, nonfinite = vector_squares(vec, zero_mode)
+    v, nan, nonfinite = widen(vec)
+    sq = pairwise_sum_last(v * v)
+    if not zero_mode:
+      sq = jnp.where(jnp.any(nonfinite, axis=-1), 0.0, sq)
     keys[-1] = lax.bitcast_convert_type(sq, jnp.uint64)  # monotone: sq >= 0
     best = jnp.maximum(best, systems.row_reduce(jnp.max(sq, axis=1), i, "max"))
     hn, hi = _system_flags(nan.reshape(n_rows, -1), nonfinite.reshape(n_rows, -1), systems, i)

@@ -101,30 +101,6 @@ def global_stats(leaves, fmts: list[FloatFormat], systems: Systems, p: float,
                      zero=zero | (s_hi == 0), nan=has_nan, inf=has_inf)
 
 
-def _vector_keys(vec, fmt: FloatFormat, zero_mode: bool):
-  """(key, low part relative to the high one, nonfinite, nan) of each vector of vec
-  (rows, vectors, d): its squares summed in double-double after scaling by a power of two from
-  its own largest element; the key is an exact integer, monotone in the high part, of that sum
-  and its exponent (0 for a dropped vector)."""
-  key, frac, e, zz, nonfinite, nan, _ = decode(vec, fmt)
-  vmax = jnp.max(jnp.where(nonfinite, jnp.uint64(0), key), axis=-1)
-  _, ve = key_value(vmax)
-  a = frac * pow2(e - ve[..., None] - 1)
-  a = jnp.where(zz | nonfinite | (e - ve[..., None] - 1 < -1000), 0.0, a)
-  t_hi, t_lo = double_double.two_prod(jnp, a, a)
-  v_hi, v_lo = pairwise_dd_sum_last(t_hi, t_lo)
-  v_hi, v_lo = double_double.fast_two_sum(jnp, v_hi, v_lo)
-  vbad = jnp.any(nonfinite, axis=-1)
-  # The vector's value is v * 4**(ve + 1), v in [1/4, d): key on (total exponent, v's bits).
-  vk, _, vexp, vzero, _, _, _ = decode(v_hi, FLOAT64)
-  tot_e = vexp + 2 * (ve + 1)
-  key_v = (u64(tot_e + 2 * KEY_BIAS) << 52) | (vk & ((1 << 52) - 1))
-  drop = vzero | (vmax == 0) | (vbad & (not zero_mode))
-  key_v = jnp.where(drop, jnp.uint64(0), key_v)
-  rel_lo = jnp.where(v_hi > 0, v_lo / jnp.where(v_hi > 0, v_hi, 1.0), 0.0)
-  return key_v, rel_lo, nonfinite, nan
-
-
 def step_rel_err(max_d: int) -> float:
   """Relative error bound of the vectors' double-double squared norms (at most max_d
   elements)."""
@@ -151,10 +127,25 @@ def step_stats(leaves, fmts: list[FloatFormat], systems: Systems,
     if vec.size == 0:
       per_leaf.append(None)
       continue
-    key_v, rel_lo, nonfinite, nan = _vector_keys(vec, fmt, zero_mode)
+    key, frac, e, zz, nonfinite, nan, _ = decode(vec, fmt)
+    vmax = jnp.max(jnp.where(nonfinite, jnp.uint64(0), key), axis=-1)
+    _, ve = key_value(vmax)
+    a = frac * pow2(e - ve[..., None] - 1)
+    a = jnp.where(zz | nonfinite | (e - ve[..., None] - 1 < -1000), 0.0, a)
+    t_hi, t_lo = double_double.two_prod(jnp, a, a)
+    v_hi, v_lo = pairwise_dd_sum_last(t_hi, t_lo)
+    v_hi, v_lo = double_double.fast_two_sum(jnp, v_hi, v_lo)
+    vbad = jnp.any(nonfinite, axis=-1)
+    # The vector's value is v * 4**(ve + 1), v in [1/4, d): key on (total exponent, v's bits).
+    vk, _, vexp, vzero, _, _, _ = decode(v_hi, FLOAT64)
+    tot_e = vexp + 2 * (ve + 1)
+    key_v = (u64(tot_e + 2 * KEY_BIAS) << 52) | (vk & ((1 << 52) - 1))
+    drop = vzero | (vmax == 0) | (vbad & (not zero_mode))
+    key_v = jnp.where(drop, jnp.uint64(0), key_v)
     best_key = jnp.maximum(best_key, systems.row_reduce(jnp.max(key_v, axis=1), i, "max"))
     hn, hi = nonfinite_flags(nan, nonfinite, systems, i, (1, 2))
     has_nan, has_inf = has_nan | hn, has_inf | hi
+    rel_lo = jnp.where(v_hi > 0, v_lo / jnp.where(v_hi > 0, v_hi, 1.0), 0.0)
     per_leaf.append((key_v, rel_lo, n_rows))
   best_rel = jnp.full(s, -jnp.inf)
   for i, item in enumerate(per_leaf):
