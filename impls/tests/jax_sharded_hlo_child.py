@@ -28,6 +28,10 @@ from clipbench.impls.own.jax import api  # noqa: E402
 # flagged systems' exact partials.
 W1_SHAPES = ((1024, 64), (512, 96), (2048, 16), (256, 128))
 PER_SYSTEM_SHAPES = ((16384, 3), (32768,))
+# float64 leaves, one system: every shard holds more than the near-tie loop's all-reduce of
+# float64 limb sums (2046 exponents x 5 limbs x 8 bytes, a constant of the call); one leaf's
+# elements are not a multiple of 1,024 (the wide pass's block rows: docs/sharding.md).
+FLOAT64_SHAPES = ((4000, 30), (2048, 64), (1024, 96), (512, 128))
 NUM_SYSTEMS = 16
 ROUTES = {"graph": "graph", "ffi": "host"}
 OPS = ("clip_grad_norm", "clip_by_global_norm", "clip_by_max_step")
@@ -42,10 +46,12 @@ def _rows(ndim: int) -> NamedSharding:
   return NamedSharding(_mesh(), P("shards", *([None] * (ndim - 1))))
 
 
-def _case(op: str):
+def _case(op: str, dtype=np.float32):
   rng = np.random.default_rng(0)
   shapes = W1_SHAPES if op == "clip_grad_norm" else PER_SYSTEM_SHAPES
-  leaves = [jax.device_put(rng.standard_normal(s).astype(np.float32), _rows(len(s)))
+  if dtype == np.float64:
+    shapes = FLOAT64_SHAPES
+  leaves = [jax.device_put(rng.standard_normal(s).astype(dtype), _rows(len(s)))
             for s in shapes]
   if op == "clip_grad_norm":
     return leaves, None
@@ -67,17 +73,29 @@ VARIANTS = {
     "clip_grad_norm-p8": ("clip_grad_norm", {"norm_type": 8.0}, False),  # maxima, then sums
     "clip_grad_norm-zero": ("clip_grad_norm", {"nonfinite": "zero"}, False),
     "clip_by_max_step-one-system": ("clip_by_max_step", {}, True),
+    # float64 leaves: the graph's wide route reads one system's leaves as one block per dtype
+    "clip_grad_norm-float64": ("clip_grad_norm", {}, False),
+    "clip_grad_norm-float64-pmin": ("clip_grad_norm", {"norm_type": float("-inf")}, False),
 }
+FLOAT64_VARIANTS = ("clip_grad_norm-float64", "clip_grad_norm-float64-pmin")
 
 
 # The graph route: near-ties settled from limb sums (p = 1, 2, zero mode), vector by vector
-# (max-step) and from the leaves (other p).
-GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-p8", "clip_grad_norm-zero")
+# (max-step), from the leaves (other p), or never (p = +-inf: the norm is an element).
+GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-pinf", "clip_grad_norm-p8",
+                  "clip_grad_norm-zero") + FLOAT64_VARIANTS
 
 
 def compiled_text(route: str, op: str) -> tuple[str, int]:
+  if op in FLOAT64_VARIANTS:
+    with jax.enable_x64(True):
+      return _compiled_text(route, op, np.float64)
+  return _compiled_text(route, op, np.float32)
+
+
+def _compiled_text(route: str, op: str, dtype) -> tuple[str, int]:
   op, kwargs, one_system = VARIANTS.get(op, (op, {}, False))
-  leaves, segments = _case("clip_grad_norm" if one_system else op)
+  leaves, segments = _case("clip_grad_norm" if one_system else op, dtype)
   function = functools.partial(getattr(api, op), **kwargs)
   if route == "optax":
     import optax  # pylint: disable=import-outside-toplevel

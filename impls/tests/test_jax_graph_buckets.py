@@ -54,7 +54,7 @@ _CASES = {
     "global_min": ("clip_grad_norm", dict(norm_type=-np.inf)),
     "global_max_nonfinite": ("clip_grad_norm", dict(norm_type=np.inf, nonfinite="zero")),
     "global_p1": ("clip_grad_norm", dict(norm_type=1.0)),
-    # float64 (the wide route): its one-system count is that of its grouped blocks
+    # float64 (the wide route): one system read as blocks of several leaves each
     "global_wide": ("clip_grad_norm", dict(norm_type=3.0)),
 }
 
@@ -88,6 +88,23 @@ def test_padded_graph_gives_the_exact_shape_bits(name):
     got = getattr(api.xla_graph, op)([jnp.asarray(x) for x in leaves], c, **kwargs)
   assert _same_bits(got[0], want[0]) and _same_bits([got[1]], [want[1]])
   assert [np.shape(o) for o in got[0]] == [np.shape(x) for x in leaves]
+
+
+def test_float64_minimum_is_an_element_not_the_grouped_pad():
+  """The wide route reads one system's float64 leaves as one block padded to whole rows; for
+  p = -inf a zero pad was the minimum (norm 0: nothing clipped). Against the numba route's
+  bits, called as is and inside jax.jit (where nothing else pads the leaves)."""
+  rng = np.random.default_rng(3)
+  leaves = [rng.permutation(np.arange(1.0, 1100.0)), np.full((3, 7), 2.0)]
+  with jax.enable_x64(True):
+    leaves = [jnp.asarray(x) for x in leaves]
+    want_outs, want_norm = api.clip_grad_norm(leaves, 0.5, norm_type=-np.inf, route="host")
+    assert float(want_norm) == 1.0
+    jitted = jax.jit(lambda xs: api.xla_graph.clip_grad_norm(xs, 0.5, norm_type=-np.inf))
+    for outs, norm in (api.xla_graph.clip_grad_norm(leaves, 0.5, norm_type=-np.inf),
+                       jitted(leaves)):
+      assert float(norm) == 1.0
+      assert _same_bits(outs, want_outs)
 
 
 def test_jitted_padding_gives_the_same_bits_eagerly_and_inside_jit(monkeypatch):

@@ -16,7 +16,10 @@ sub-blocks (p = 2, and in zero mode), maxima merged (p = inf), maxima then doubl
 sums split into sub-blocks (p = 8), max-step. The graph route passes for p = 1, 2 (zero mode
 too) with and without segments, and for max-step: its near-ties are settled from exact
 integer limb sums the device all-reduces (``exact_fallback.exact_limb_sums``), and max-step's
-from the element bits of one chosen vector per system and round (``step_ties``). The cases
+from the element bits of one chosen vector per system and round (``step_ties``); for p =
++-inf (no near-tie exists); and on float64 leaves (p = 2, -inf), whose one system the wide
+route reads as one block per dtype, the leaves side by side so that their rows stay where
+they are. The FFI route's float64 cases are its float64 exchanges. The cases
 that still move leaf-sized data are strict expected failures that turn into failures the day
 they stop (then drop the mark). optax's ``clip_by_global_norm`` on the same leaves is the
 control that passes: a partitioned program whose only collective is the all-reduce of
@@ -45,16 +48,21 @@ CASES = [
     pytest.param("optax", "clip_grad_norm"),
     pytest.param("graph", "clip_grad_norm"),
     pytest.param("graph", "clip_grad_norm-p1"),
+    pytest.param("graph", "clip_grad_norm-pinf"),
     pytest.param("graph", "clip_grad_norm-zero"),
     pytest.param("graph", "clip_by_global_norm"),
     pytest.param("graph", "clip_grad_norm-p8",
                  marks=pytest.mark.xfail(strict=True, reason=TIE_GATHERS)),
     pytest.param("graph", "clip_by_max_step"),
+    pytest.param("graph", "clip_grad_norm-float64"),
+    pytest.param("graph", "clip_grad_norm-float64-pmin"),
     pytest.param("ffi", "clip_grad_norm"),
     pytest.param("ffi", "clip_grad_norm-pinf"),
     pytest.param("ffi", "clip_grad_norm-p8"),
     pytest.param("ffi", "clip_grad_norm-zero"),
     pytest.param("ffi", "clip_by_max_step-one-system"),
+    pytest.param("ffi", "clip_grad_norm-float64"),
+    pytest.param("ffi", "clip_grad_norm-float64-pmin"),
     pytest.param("ffi", "clip_by_global_norm",
                  marks=pytest.mark.xfail(strict=True, reason=FFI_SEGMENTS_GATHER)),
     pytest.param("ffi", "clip_by_max_step",

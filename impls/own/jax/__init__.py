@@ -50,10 +50,11 @@ Numerical design of the graph (SPEC rules 3-5 and 11 by construction, not by XLA
   ``lax.while_loop``; on sharded leaves XLA all-reduces them, no leaf moves), for max-step
   from the element bits of the few vectors that can decide it, one per system and round
   (:mod:`.step_ties`; where the leaves may be sharded), for other p from every element's
-  bits. The factor is the largest s with ``s n_up <= c``, cut to 29 bits without float64
-  leaves, so ``x * s`` is exact in float64 and one truncation of its bits is the exact RTZ
-  value: the output norm is ``<= s n <= c`` (:mod:`.apply`). Kept systems are selected bitwise (never
-  multiplied by 1.0, which XLA would flush).
+  bits (p = +-inf has no near-tie: its norm is an element, exactly). The factor is the largest
+  s with ``s n_up <= c``, cut to 29 bits without float64 leaves, so ``x * s`` is exact in
+  float64 and one truncation of its bits is the exact RTZ value: the output norm is
+  ``<= s n <= c`` (:mod:`.apply`). Kept systems are selected bitwise (never multiplied by 1.0,
+  which XLA would flush).
 * **Max-step** sums each vector's squares in a fixed pairwise tree over the last axis
   (elementwise adds: deterministic, :mod:`.pairwise`), then takes float maxima (exact).
 

@@ -131,7 +131,7 @@ def _run(op: str, api_op: str, leaves, layout: SystemLayout, threshold: Threshol
   with jax.enable_x64(True):
     padded, trim = buckets.pad_call(leaves, layout.segs, layout.counts, layout.num_systems,
                                     layout.sorted_flags, threshold,
-                                    op == "norm" and math.isinf(p), precise)
+                                    op == "norm" and math.isinf(p))
     cfg = Config(op, float(p), nonfinite == "zero", padded.num_systems, padded.sorted_flags,
                  precise, dtypes, False, api_op, nonfinite, _spans_devices(leaves))
     outs, norms = clip_jit(cfg, padded.leaves, padded.segs, _device_counts(padded.counts),

@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from clipbench.impls.own.jax.config import Threshold
-from clipbench.impls.own.jax.systems import grouped_count
 
 # Exact signatures whose pad and trim functions (and so their executables) are kept.
 RECENT_SIGNATURES = 64
@@ -204,15 +203,14 @@ def _padded_counts(leaves, counts, num_systems: int, rows_to) -> np.ndarray:
 
 
 def pad_call(leaves, segs, counts, num_systems: int, sorted_flags: tuple, threshold: Threshold,
-             extreme: bool, precise: bool) -> tuple[PaddedCall, Trim]:
+             extreme: bool) -> tuple[PaddedCall, Trim]:
   """The call at bucketed shapes, and how to cut its outputs back. ``segs`` None: one system,
   whose element count then goes to the graph as ``counts``, as it counted the unpadded leaves;
-  ``counts`` None: traced ids. ``extreme``: the norm is a maximum or minimum (p = +-inf);
-  ``precise``: some leaf is float64 (the wide route)."""
+  ``counts`` None: traced ids. ``extreme``: the norm is a maximum or minimum (p = +-inf)."""
   rows_to = tuple(_padded_rows(x) for x in leaves)
   if segs is None:
     fill, padded_systems, flags = (COPIES if extreme else ZEROS), 1, tuple(sorted_flags)
-    count = grouped_count(leaves) if precise else sum(int(np.size(x)) for x in leaves)
+    count = sum(int(np.size(x)) for x in leaves)
     counts = np.array([count], dtype=np.int64)
     trim = Trim(tuple(_rows(x) for x in leaves), 1)
   else:

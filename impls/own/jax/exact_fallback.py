@@ -31,6 +31,7 @@ from clipbench.impls.own import decision, exact
 from clipbench.impls.own.jax import step_ties
 from clipbench.impls.own.jax.config import Config, Threshold
 from clipbench.impls.own.jax.formats import FLOAT64, as_words, bits_of, decode, format_of, u64
+from clipbench.impls.own.jax.systems import Systems, grouped
 
 
 def host_ties(cfg: Config, tie, c_bits, segs, *leaf_bits) -> np.ndarray:
@@ -129,6 +130,11 @@ def exact_limb_sums(cfg: Config, leaves, segs, system):
   e_lo, e_hi = _exponents(cfg.dtypes)
   scheme = limb_scheme(cfg.dtypes, cfg.p)
   total = jnp.zeros((e_hi - e_lo + 1, len(scheme.shifts)), jnp.uint64)
+  if segs is None and cfg.precise:
+    # One block per dtype: one scatter, so one all-reduce of float64's 80 KB of sums where the
+    # leaves are sharded, not one per leaf. Narrower leaves stay apart, as their pass reads
+    # them: as one block they cost more memory (docs/sharding.md).
+    leaves, _ = grouped(leaves, [None] * len(leaves), Systems(None, 1, ()), one_per_dtype=True)
   for i, x in enumerate(leaves):
     if not math.prod(x.shape):
       continue
@@ -178,6 +184,10 @@ def resolve_ties(cfg: Config, tie, action, threshold: Threshold, leaves, segs,
                  vector_keys=None):
   """action with near-ties decided exactly (the host callback runs only if a tie exists);
   ``vector_keys``: max-step's per-vector keys from the pass (``SystemStats.vector_keys``)."""
+  if cfg.op != "step" and math.isinf(cfg.p):
+    # p = +-inf: the norm is an element, exactly, so finalize's interval has no width and no
+    # system is ever a tie; a fallback compiled in anyway would gather sharded leaves for it.
+    return action
   if limb_rounds_apply(cfg, leaves):
     return _resolve_by_limb_sums(cfg, tie, action, threshold, leaves, segs)
   if step_ties.rounds_apply(cfg, leaves):

@@ -65,5 +65,9 @@ def forward(cfg: Config, leaves, segs, counts, threshold: Threshold) -> Forward:
   action = resolve_ties(cfg, tie, action, threshold, leaves, segs, st.vector_keys)
   norms = _reported_norms(norm_v, st, nan, inf, cfg.precise)
   decided = Decision(action, s_m, s_e)
-  outs = apply_factors(leaves, systems, decided, cfg.zero_mode, cfg.precise)
+  # No work moves across this line, where nothing could be fused anyway (the factors need
+  # every pass's reductions); without it XLA weighs fusing each leaf's apply with that leaf's
+  # passes, and compiles a many-leaf call two to four times slower (docs/sharding.md).
+  decided, leaves = lax.optimization_barrier((decided, tuple(leaves)))
+  outs = apply_factors(list(leaves), systems, decided, cfg.zero_mode, cfg.precise)
   return Forward(outs, norms, decided, st)

@@ -124,38 +124,36 @@ def blocks(x, systems: Systems):
   return out
 
 
-def grouped(leaves, fmts, systems: Systems):
-  """With one system (segments=None), the leaves of each dtype as one zero-padded
-  (rows, width) block: one decode/extract chain per dtype keeps the XLA graph (and its compile
-  time) small for models with hundreds of leaves. Sums are exact and zeros add nothing, so no
-  bit changes."""
+def _group_rows(x) -> int:
+  """Rows of a leaf's piece of a :func:`grouped` block: the largest power of two, at most
+  GROUP_ROWS, that divides the leaf's own rows."""
+  n_rows = x.shape[0] if x.ndim else 1
+  return min(GROUP_ROWS, n_rows & -n_rows)
+
+
+def grouped(leaves, fmts, systems: Systems, one_per_dtype: bool = False):
+  """With one system (segments=None), the leaves as a few (rows, width) blocks, one per dtype
+  and row count: a decode/extract chain per block, not per leaf, keeps the XLA graph (and its
+  compile time) small for models with hundreds of leaves.
+
+  A leaf's block rows are a power of two that divides its own rows (:func:`_group_rows`), and
+  the leaves of a block are laid side by side along the width. A leaf whose rows are split
+  over devices (in as many parts as that power of two holds) is then split the same way in
+  the block, and XLA's partitioner moves none of it: a concatenation of the flat leaves one
+  after another, cut into rows, it all-gathers. No padding either: a block holds exactly the
+  leaves' elements. ``one_per_dtype``: one block per dtype, of the fewest rows any of its
+  leaves has (as few as one), for a single scatter per dtype."""
   if systems.segs is not None:
     return leaves, fmts
-  groups: dict[np.dtype, list] = {}
+  fewest: dict[np.dtype, int] = {}
   for x in leaves:
     if x.size:
-      groups.setdefault(np.dtype(x.dtype), []).append(x.reshape(-1))
-  out = []
-  for parts in groups.values():
-    flat = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
-    n = flat.shape[0]
-    n_rows = min(GROUP_ROWS, n)
-    width = -(-n // n_rows)
-    if n_rows * width != n:
-      flat = jnp.concatenate([flat, jnp.zeros(n_rows * width - n, flat.dtype)])
-    out.append(flat.reshape(n_rows, width))
-  return out, [FORMATS[k] for k in groups]
-
-
-def grouped_count(leaves) -> int:
-  """The one system's element count as :func:`grouped` lays the leaves out (each dtype's block
-  with its zero padding), which the wide route's grids and error bound have always used."""
-  sizes: dict[np.dtype, int] = {}
+      fewest[np.dtype(x.dtype)] = min(fewest.get(np.dtype(x.dtype), GROUP_ROWS), _group_rows(x))
+  groups: dict[tuple, list] = {}
   for x in leaves:
     if x.size:
-      sizes[np.dtype(x.dtype)] = sizes.get(np.dtype(x.dtype), 0) + int(x.size)
-  count = 0
-  for n in sizes.values():
-    n_rows = min(GROUP_ROWS, n)
-    count += n_rows * -(-n // n_rows)
-  return count
+      n_rows = fewest[np.dtype(x.dtype)] if one_per_dtype else _group_rows(x)
+      groups.setdefault((np.dtype(x.dtype), n_rows), []).append(x.reshape(n_rows, -1))
+  out = [jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+         for parts in groups.values()]
+  return out, [FORMATS[dtype] for dtype, _ in groups]
