@@ -73,7 +73,7 @@ VARIANTS = {
     "clip_grad_norm-p8": ("clip_grad_norm", {"norm_type": 8.0}, False),  # maxima, then sums
     "clip_grad_norm-zero": ("clip_grad_norm", {"nonfinite": "zero"}, False),
     "clip_by_max_step-one-system": ("clip_by_max_step", {}, True),
-    # float64 leaves: the graph's wide route reads one system's leaves as one block per dtype
+    # float64 leaves: the graph's wide route reads one system's leaves as a few blocks
     "clip_grad_norm-float64": ("clip_grad_norm", {}, False),
     "clip_grad_norm-float64-pmin": ("clip_grad_norm", {"norm_type": float("-inf")}, False),
 }

@@ -91,9 +91,9 @@ def test_padded_graph_gives_the_exact_shape_bits(name):
 
 
 def test_float64_minimum_is_an_element_not_the_grouped_pad():
-  """The wide route reads one system's float64 leaves as one block padded to whole rows; for
-  p = -inf a zero pad was the minimum (norm 0: nothing clipped). Against the numba route's
-  bits, called as is and inside jax.jit (where nothing else pads the leaves)."""
+  """The wide route read one system's float64 leaves as one block padded with zeros to whole
+  rows, and for p = -inf the pad was the minimum (norm 0: nothing clipped). Against the numba
+  route's bits, called as is and inside jax.jit (where nothing else pads the leaves)."""
   rng = np.random.default_rng(3)
   leaves = [rng.permutation(np.arange(1.0, 1100.0)), np.full((3, 7), 2.0)]
   with jax.enable_x64(True):

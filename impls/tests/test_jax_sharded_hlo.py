@@ -18,8 +18,8 @@ too) with and without segments, and for max-step: its near-ties are settled from
 integer limb sums the device all-reduces (``exact_fallback.exact_limb_sums``), and max-step's
 from the element bits of one chosen vector per system and round (``step_ties``); for p =
 +-inf (no near-tie exists); and on float64 leaves (p = 2, -inf), whose one system the wide
-route reads as one block per dtype, the leaves side by side so that their rows stay where
-they are. The FFI route's float64 cases are its float64 exchanges. The cases
+route reads as a few blocks, the leaves side by side so that their rows stay where they are.
+The FFI route's float64 cases are its float64 exchanges. The cases
 that still move leaf-sized data are strict expected failures that turn into failures the day
 they stop (then drop the mark). optax's ``clip_by_global_norm`` on the same leaves is the
 control that passes: a partitioned program whose only collective is the all-reduce of
