@@ -31,7 +31,7 @@ from clipbench.impls.own import decision, exact
 from clipbench.impls.own.jax import step_ties
 from clipbench.impls.own.jax.config import Config, Threshold
 from clipbench.impls.own.jax.formats import FLOAT64, as_words, bits_of, decode, format_of, u64
-from clipbench.impls.own.jax.systems import Systems, grouped
+from clipbench.impls.own.jax.systems import dtype_blocks
 
 
 def host_ties(cfg: Config, tie, c_bits, segs, *leaf_bits) -> np.ndarray:
@@ -134,7 +134,7 @@ def exact_limb_sums(cfg: Config, leaves, segs, system):
     # One block per dtype: one scatter, so one all-reduce of float64's 80 KB of sums where the
     # leaves are sharded, not one per leaf. Narrower leaves stay apart, as their pass reads
     # them: as one block they cost more memory (docs/sharding.md).
-    leaves, _ = grouped(leaves, [None] * len(leaves), Systems(None, 1, ()), one_per_dtype=True)
+    leaves = dtype_blocks(leaves, one_per_dtype=True)
   for i, x in enumerate(leaves):
     if not math.prod(x.shape):
       continue

@@ -94,7 +94,7 @@ def resolve_step_ties(cfg: Config, tie, action, c_words, leaves, segs, vector_ke
   mags = [bits_of(v, format_of(v.dtype)) & ((1 << (format_of(v.dtype).nbits - 1)) - 1)
           for v in vecs]
 
-  def system_max(values, reduce_op: str, init):
+  def system_reduce(values, reduce_op: str, init):
     out = init
     for i, v in enumerate(values):
       if v is not None:
@@ -108,7 +108,7 @@ def resolve_step_ties(cfg: Config, tie, action, c_words, leaves, segs, vector_ke
 
   def one_round(state):
     open_, decided, cands = state
-    chosen = system_max([None if c is None else jnp.where(c, positions[i], _NO_POSITION)
+    chosen = system_reduce([None if c is None else jnp.where(c, positions[i], _NO_POSITION)
                          for i, c in enumerate(cands)], "min",
                         jnp.full(cfg.num_systems, _NO_POSITION, jnp.int32))
     live = open_ & (chosen != _NO_POSITION)  # a system out of candidates keeps its step
@@ -137,7 +137,7 @@ def resolve_step_ties(cfg: Config, tie, action, c_words, leaves, segs, vector_ke
     return live & ~exceeds, decided, tuple(kept)
 
   def settle():
-    best = system_max(keys, "max", jnp.zeros(cfg.num_systems, jnp.uint64))
+    best = system_reduce(keys, "max", jnp.zeros(cfg.num_systems, jnp.uint64))
     floor = jnp.where(best > margin, best - margin, jnp.uint64(1))
     candidates = tuple(None if k is None else (k >= rows_of(floor, i)) & rows_of(tie, i)
                        for i, k in enumerate(keys))

@@ -125,16 +125,25 @@ def blocks(x, systems: Systems):
 
 
 def _group_rows(x) -> int:
-  """Rows of a leaf's piece of a :func:`grouped` block: the largest power of two, at most
+  """Rows of a leaf's piece of a :func:`dtype_blocks` block: the largest power of two, at most
   GROUP_ROWS, that divides the leaf's own rows."""
   n_rows = x.shape[0] if x.ndim else 1
   return min(GROUP_ROWS, n_rows & -n_rows)
 
 
-def grouped(leaves, fmts, systems: Systems, one_per_dtype: bool = False):
-  """With one system (segments=None), the leaves as a few (rows, width) blocks, one per dtype
-  and row count: a decode/extract chain per block, not per leaf, keeps the XLA graph (and its
-  compile time) small for models with hundreds of leaves.
+def grouped(leaves, fmts, systems: Systems):
+  """With one system (segments=None), the leaves as a few (rows, width) blocks
+  (:func:`dtype_blocks`) and their formats; with segments, the leaves as they are. A
+  decode/extract chain per block, not per leaf, keeps the XLA graph (and its compile time)
+  small for models with hundreds of leaves."""
+  if systems.segs is not None:
+    return leaves, fmts
+  blocks_ = dtype_blocks(leaves)
+  return blocks_, [FORMATS[np.dtype(b.dtype)] for b in blocks_]
+
+
+def dtype_blocks(leaves, one_per_dtype: bool = False) -> list:
+  """One system's leaves as (rows, width) blocks, one per dtype and block rows.
 
   A leaf's block rows are a power of two that divides its own rows (:func:`_group_rows`), and
   the leaves of a block are laid side by side along the width. A leaf whose rows are split
@@ -143,17 +152,15 @@ def grouped(leaves, fmts, systems: Systems, one_per_dtype: bool = False):
   after another, cut into rows, it all-gathers. No padding either: a block holds exactly the
   leaves' elements. ``one_per_dtype``: one block per dtype, of the fewest rows any of its
   leaves has (as few as one), for a single scatter per dtype."""
-  if systems.segs is not None:
-    return leaves, fmts
-  fewest: dict[np.dtype, int] = {}
-  for x in leaves:
-    if x.size:
-      fewest[np.dtype(x.dtype)] = min(fewest.get(np.dtype(x.dtype), GROUP_ROWS), _group_rows(x))
+  present = [x for x in leaves if x.size]
+  rows_of = {i: _group_rows(x) for i, x in enumerate(present)}
+  if one_per_dtype:
+    fewest: dict[np.dtype, int] = {}
+    for i, x in enumerate(present):
+      fewest[np.dtype(x.dtype)] = min(fewest.get(np.dtype(x.dtype), GROUP_ROWS), rows_of[i])
+    rows_of = {i: fewest[np.dtype(x.dtype)] for i, x in enumerate(present)}
   groups: dict[tuple, list] = {}
-  for x in leaves:
-    if x.size:
-      n_rows = fewest[np.dtype(x.dtype)] if one_per_dtype else _group_rows(x)
-      groups.setdefault((np.dtype(x.dtype), n_rows), []).append(x.reshape(n_rows, -1))
-  out = [jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-         for parts in groups.values()]
-  return out, [FORMATS[dtype] for dtype, _ in groups]
+  for i, x in enumerate(present):
+    groups.setdefault((np.dtype(x.dtype), rows_of[i]), []).append(x.reshape(rows_of[i], -1))
+  return [jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+          for parts in groups.values()]

@@ -55,8 +55,8 @@ def _system_extreme_keys(leaves, fmts: list[FloatFormat], systems: Systems, zero
 def global_stats(leaves, fmts: list[FloatFormat], systems: Systems, p: float,
                  zero_mode: bool) -> SystemStats:
   """finalize inputs for the p-norm of every system (exact sums)."""
-  s = systems.num
   leaves, fmts = grouped(leaves, fmts, systems)
+  s = systems.num
   if math.isinf(p):
     best, has_nan, has_inf, _, _ = _system_extreme_keys(leaves, fmts, systems, zero_mode, p < 0)
     frac, e = key_value(best)
