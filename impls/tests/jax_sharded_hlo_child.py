@@ -32,6 +32,10 @@ PER_SYSTEM_SHAPES = ((16384, 3), (32768,))
 # float64 limb sums (2046 exponents x 5 limbs x 8 bytes, a constant of the call); one leaf's
 # elements are not a multiple of 1,024 (the wide pass's block rows: docs/sharding.md).
 FLOAT64_SHAPES = ((4000, 30), (2048, 64), (1024, 96), (512, 128))
+# Leaves split along their last axis (tensor parallelism's columns), one system; a 3-D leaf
+# and one of 120 rows, whose rows have a small power of two. Every shard holds more than the
+# near-tie loop's all-reduces of limb sums (6 KB a float32 leaf, 80 KB for float64).
+COLUMN_SHAPES = ((512, 256), (1024, 128), (120, 1024), (7, 48, 256))
 NUM_SYSTEMS = 16
 ROUTES = {"graph": "graph", "ffi": "host"}
 OPS = ("clip_grad_norm", "clip_by_global_norm", "clip_by_max_step")
@@ -46,12 +50,19 @@ def _rows(ndim: int) -> NamedSharding:
   return NamedSharding(_mesh(), P("shards", *([None] * (ndim - 1))))
 
 
-def _case(op: str, dtype=np.float32):
+def _columns(ndim: int) -> NamedSharding:
+  return NamedSharding(_mesh(), P(*([None] * (ndim - 1)), "shards"))
+
+
+def _case(op: str, dtype=np.float32, columns: bool = False):
   rng = np.random.default_rng(0)
   shapes = W1_SHAPES if op == "clip_grad_norm" else PER_SYSTEM_SHAPES
   if dtype == np.float64:
     shapes = FLOAT64_SHAPES
-  leaves = [jax.device_put(rng.standard_normal(s).astype(dtype), _rows(len(s)))
+  if columns:
+    shapes = COLUMN_SHAPES
+  place = _columns if columns else _rows
+  leaves = [jax.device_put(rng.standard_normal(s).astype(dtype), place(len(s)))
             for s in shapes]
   if op == "clip_grad_norm":
     return leaves, None
@@ -76,32 +87,47 @@ VARIANTS = {
     # float64 leaves: the graph's wide route reads one system's leaves as a few blocks
     "clip_grad_norm-float64": ("clip_grad_norm", {}, False),
     "clip_grad_norm-float64-pmin": ("clip_grad_norm", {"norm_type": float("-inf")}, False),
+    # leaves split by columns (COLUMN_SHAPES)
+    "clip_grad_norm-columns": ("clip_grad_norm", {}, False),
+    "clip_grad_norm-columns-p1": ("clip_grad_norm", {"norm_type": 1.0}, False),
+    "clip_grad_norm-columns-pinf": ("clip_grad_norm", {"norm_type": float("inf")}, False),
+    "clip_grad_norm-columns-float64": ("clip_grad_norm", {}, False),
 }
-FLOAT64_VARIANTS = ("clip_grad_norm-float64", "clip_grad_norm-float64-pmin")
+FLOAT64_VARIANTS = ("clip_grad_norm-float64", "clip_grad_norm-float64-pmin",
+                    "clip_grad_norm-columns-float64")
+COLUMN_VARIANTS = ("clip_grad_norm-columns", "clip_grad_norm-columns-p1",
+                   "clip_grad_norm-columns-pinf", "clip_grad_norm-columns-float64")
 
 
 # The graph route: near-ties settled from limb sums (p = 1, 2, zero mode), vector by vector
 # (max-step), from the leaves (other p), or never (p = +-inf: the norm is an element).
 GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-pinf", "clip_grad_norm-p8",
-                  "clip_grad_norm-zero") + FLOAT64_VARIANTS
+                  "clip_grad_norm-zero") + FLOAT64_VARIANTS + COLUMN_VARIANTS[:3]
+# The FFI route's partitioning rule keeps row splits only (impls/own/jax/partitioned.py).
+FFI_VARIANTS = tuple(v for v in VARIANTS if v not in COLUMN_VARIANTS) + (
+    "clip_grad_norm-columns",)
 
 
-def compiled_text(route: str, op: str) -> tuple[str, int]:
+def compiled_text(route: str, op: str) -> tuple[str, int, bool | None]:
+  """The compiled per-device program's text, the smallest shard's bytes, and, for leaves split
+  by columns (which rule 14's grid does not lay out), whether the sharded call gave the
+  unsharded call's bits (None: not run)."""
   if op in FLOAT64_VARIANTS:
     with jax.enable_x64(True):
       return _compiled_text(route, op, np.float64)
   return _compiled_text(route, op, np.float32)
 
 
-def _compiled_text(route: str, op: str, dtype) -> tuple[str, int]:
-  op, kwargs, one_system = VARIANTS.get(op, (op, {}, False))
-  leaves, segments = _case("clip_grad_norm" if one_system else op, dtype)
+def _compiled_text(route: str, name: str, dtype) -> tuple[str, int, bool | None]:
+  op, kwargs, one_system = VARIANTS.get(name, (name, {}, False))
+  columns = name in COLUMN_VARIANTS
+  leaves, segments = _case("clip_grad_norm" if one_system else op, dtype, columns)
   function = functools.partial(getattr(api, op), **kwargs)
   if route == "optax":
     import optax  # pylint: disable=import-outside-toplevel
     clip = optax.clip_by_global_norm(1.0)
     jitted = jax.jit(lambda xs: clip.update(xs, clip.init(xs))[0])
-    return jitted.lower(leaves).compile().as_text(), smallest_shard(leaves, segments)
+    return jitted.lower(leaves).compile().as_text(), smallest_shard(leaves, segments), None
   if segments is None:
     jitted = jax.jit(lambda xs: function(xs, 1.0, route=route))
     lowered = jitted.lower(leaves)
@@ -109,7 +135,14 @@ def _compiled_text(route: str, op: str, dtype) -> tuple[str, int]:
     jitted = jax.jit(lambda xs, gs: function(xs, 1.0, segments=gs, num_systems=NUM_SYSTEMS,
                                              route=route))
     lowered = jitted.lower(leaves, segments)
-  return lowered.compile().as_text(), smallest_shard(leaves, segments)
+  compiled = lowered.compile()
+  same = None
+  if columns:
+    got = compiled(leaves)
+    want = function([np.asarray(x) for x in leaves], 1.0, route=route)
+    same = all(np.asarray(g).tobytes() == np.asarray(w).tobytes()
+               for g, w in zip(list(got[0]) + [got[1]], list(want[0]) + [want[1]]))
+  return compiled.as_text(), smallest_shard(leaves, segments), same
 
 
 def _step_tie():
@@ -160,13 +193,13 @@ def tie_rows():
 def main() -> int:
   tie_rows()
   for name, route in list(ROUTES.items()) + [("optax", "optax")]:
-    for op in (OPS + tuple(VARIANTS)) if route == "host" else (OPS + GRAPH_VARIANTS) if (
+    for op in (OPS + FFI_VARIANTS) if route == "host" else (OPS + GRAPH_VARIANTS) if (
         route == "graph") else ("clip_grad_norm",):
-      text, smallest = compiled_text(route, op)
+      text, smallest, same = compiled_text(route, op)
       found = collectives.collectives(text)
       big = collectives.leaf_sized(text, smallest)
       print(json.dumps({"route": name, "op": op, "smallest_shard": smallest,
-                        "collectives": len(found),
+                        "collectives": len(found), "same_bits": same,
                         "leaf_sized": [[c.opcode, c.name, c.result.nbytes,
                                         c.operands.nbytes, c.op_name[-80:]] for c in big]}),
             flush=True)

@@ -106,8 +106,10 @@ def apply_factors(leaves, systems: Systems, decided: Decision, zero_mode: bool,
   s_val = jnp.where(s_e < -1021, 0.0, s_m * pow2(s_e))  # (29-bit s; tiny s: all outputs 0)
   outs = []
   for i, x in enumerate(leaves):
-    xr = rows(x)
-    n_rows = xr.shape[0]
+    # One system: the leaf on its own axes, so a split along any of them stays put (a 2-D
+    # view of a leaf split along an inner axis is one XLA's partitioner would move).
+    xr = x if systems.segs is None else rows(x)
+    n_rows = xr.shape[0] if xr.ndim else 1
     if systems.segs is None:
       act, sv = action[0], s_val[0]
       sm, se = s_m[0], s_e[0]

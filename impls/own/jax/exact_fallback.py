@@ -145,14 +145,14 @@ def exact_limb_sums(cfg: Config, leaves, segs, system):
     finite = ef != fmt.emax_field
     m = jnp.where(ef > 0, mf | (1 << fmt.mbits), mf)
     e = jnp.where(ef > 0, ef.astype(jnp.int32) - fmt.bias, fmt.emin) - fmt.mbits
-    rows = x.shape[0] if x.ndim else 1
-    held = finite.reshape(rows, -1)
+    held = finite
     if segs is not None:
-      held = held & (segs[i] == system)[:, None]
-    m = jnp.where(held, m.reshape(rows, -1), jnp.uint64(0)).reshape(-1)
-    index = jnp.clip(e.reshape(-1) - e_lo, 0, total.shape[0] - 1)
-    total = total + jax.ops.segment_sum(_limbs(m, cfg.p, scheme), index,
-                                        num_segments=total.shape[0])
+      held = held & (segs[i] == system).reshape((-1,) + (1,) * (x.ndim - 1))
+    m = jnp.where(held, m, jnp.uint64(0))
+    # Scattered from the leaf's own axes, not a flat view: a leaf split along an inner axis
+    # (tensor parallelism) then stays where it is, and only the sums are all-reduced.
+    index = jnp.clip(e - e_lo, 0, total.shape[0] - 1)
+    total = total.at[index].add(_limbs(m, cfg.p, scheme))
   return total
 
 

@@ -24,8 +24,8 @@ from clipbench.impls.own.jax.formats import exponent_of, pow2
 from clipbench.impls.own.jax.pairwise import pairwise_sum_last
 from clipbench.impls.own.jax.power_sums import (MAX_HALVED_POWER, extract, fold_grids,
                                                 power_term, term_error)
-from clipbench.impls.own.jax.systems import (Systems, SystemStats, blocks, element_counts,
-                                             vectors)
+from clipbench.impls.own.jax.systems import (Systems, SystemStats, block, element_counts,
+                                             inner_axes, per_group, vectors)
 
 _TWO_M149 = 2.0 ** -149
 _TWO_M133 = 2.0 ** -133
@@ -64,16 +64,16 @@ def widen(x, zero_nonfinite: bool = True):
   return v, nan, nonfinite
 
 
-def _vreduce(arrays, inits, ops, axis: int = 1):
-  """Several reductions over one axis in a single variadic XLA reduce (XLA on CPU runs one
-  multi-output reduce far faster than separate reductions of a shared fused producer)."""
+def _vreduce(arrays, inits, ops, axes: tuple[int, ...]):
+  """Several reductions over the same axes in a single variadic XLA reduce (XLA on CPU runs
+  one multi-output reduce far faster than separate reductions of a shared fused producer)."""
   fns = {"sum": lax.add, "max": lax.max, "min": lax.min}
 
   def body(a, b):
     return tuple(fns[op](u, w) for op, u, w in zip(ops, a, b))
 
   inits = tuple(jnp.asarray(i, a.dtype) for i, a in zip(inits, arrays))
-  return lax.reduce(tuple(arrays), inits, body, (axis,))
+  return lax.reduce(tuple(arrays), inits, body, axes)
 
 
 def _system_flags(nan, nonfinite, systems: Systems, leaf: int):
@@ -89,33 +89,36 @@ def _exact_extreme(leaves, systems: Systems, p: float, zero_mode: bool):
   s = systems.num
   best = jnp.zeros(s) if p > 0 else jnp.full(s, jnp.inf)
   for i, x in enumerate(leaves):
-    for xr in blocks(x, systems):
-      v, _, nonfinite = widen(xr)
-      if p > 0:
-        best = jnp.maximum(best, systems.row_reduce(jnp.max(v, axis=1), i, "max"))
-      else:
-        vm = v if zero_mode else jnp.where(nonfinite, jnp.inf, v)
-        best = jnp.minimum(best, systems.row_reduce(jnp.min(vm, axis=1), i, "min"))
+    xr = block(x, systems)
+    if xr is None:
+      continue
+    v, _, nonfinite = widen(xr)
+    if p > 0:
+      best = jnp.maximum(best, systems.row_reduce(jnp.max(v, axis=inner_axes(v)), i, "max"))
+    else:
+      vm = v if zero_mode else jnp.where(nonfinite, jnp.inf, v)
+      best = jnp.minimum(best, systems.row_reduce(jnp.min(vm, axis=inner_axes(v)), i, "min"))
   return best
 
 
 def _float_max_and_flags(leaf_blocks, systems: Systems, zero_mode: bool):
   """Pass A: per-system max |x| in float32 (exact for a normal max) and a NaN (2) / inf (1)
-  code, one variadic reduce and one scatter per block."""
+  code, one variadic reduce and one scatter per leaf."""
   s = systems.num
   m32 = jnp.zeros(s, jnp.float32)
   code = jnp.zeros(s, jnp.float32)
-  for i, bl in enumerate(leaf_blocks):
-    for xr in bl:
-      ax = jnp.abs(xr).astype(jnp.float32)
-      nonfinite = ~jnp.isfinite(xr)
-      c = jnp.where(jnp.isnan(xr), 2.0, jnp.where(nonfinite, 1.0, 0.0)).astype(jnp.float32)
-      if zero_mode:
-        ax = jnp.where(nonfinite, 0.0, ax)
-      red = _vreduce([ax, c], [0.0, 0.0], ["max", "max"])
-      both = systems.row_reduce(jnp.stack(red, axis=1), i, "max")  # one scatter
-      m32 = jnp.maximum(m32, both[:, 0])
-      code = jnp.maximum(code, both[:, 1])
+  for i, xr in enumerate(leaf_blocks):
+    if xr is None:
+      continue
+    ax = jnp.abs(xr).astype(jnp.float32)
+    nonfinite = ~jnp.isfinite(xr)
+    c = jnp.where(jnp.isnan(xr), 2.0, jnp.where(nonfinite, 1.0, 0.0)).astype(jnp.float32)
+    if zero_mode:
+      ax = jnp.where(nonfinite, 0.0, ax)
+    red = _vreduce([ax, c], [0.0, 0.0], ["max", "max"], inner_axes(xr))
+    both = systems.row_reduce(jnp.stack(red, axis=1), i, "max")  # one scatter
+    m32 = jnp.maximum(m32, both[:, 0])
+    code = jnp.maximum(code, both[:, 1])
   return m32, jnp.maximum(code, 0.0)
 
 
@@ -124,7 +127,7 @@ def global_stats(leaves, systems: Systems, p: float, zero_mode: bool) -> SystemS
   total_elements = sum(int(x.size) for x in leaves)
   s = systems.num
   count = element_counts(leaves, systems)
-  leaf_blocks = [blocks(x, systems) for x in leaves]
+  leaf_blocks = [block(x, systems) for x in leaves]
   m32, code = _float_max_and_flags(leaf_blocks, systems, zero_mode)
   has_nan, has_inf = code >= 2.0, code == 1.0
   if not zero_mode:  # a poisoned system's max is irrelevant; keep it finite
@@ -159,24 +162,26 @@ def global_stats(leaves, systems: Systems, p: float, zero_mode: bool) -> SystemS
   def power_sums(widen_exact: bool):
     """Pass B: the exact per-system sums on each grid."""
     sums = [jnp.zeros(s) for _ in range(folds)]
-    for i, bl in enumerate(leaf_blocks):
-      for xr in bl:
-        n_rows = xr.shape[0]
-        if widen_exact:
-          v, _, _ = widen(xr)
-          keep_sub = systems.per_row(tiny_exact, i, n_rows)[:, None]
-          v = jnp.where(keep_sub | (v >= 2.0 ** -126), v, 0.0)
-        else:  # below 2**-126 dropped here too: XLA's CPU flushes it, XLA's GPU would not
-          ax = jnp.abs(xr)
-          v = jnp.where(jnp.isfinite(xr) & (ax >= 2.0 ** -126), ax, 0.0).astype(jnp.float64)
-        consts = systems.per_row(jnp.stack([scale_inv] + list(sigmas), axis=1), i, n_rows)
-        f = consts[:, 0:1]
-        a = v / f if divided else v * f
-        t = power_term(a, p)
-        pieces = extract([t], [consts[:, k + 1:k + 2] for k in range(folds)])
-        per_row = jnp.stack(_vreduce(pieces, [0.0] * folds, ["sum"] * folds), axis=1)
-        red = systems.row_reduce(per_row, i, "sum")
-        sums = [acc + red[:, k] for k, acc in enumerate(sums)]
+    for i, xr in enumerate(leaf_blocks):
+      if xr is None:
+        continue
+      n_rows = xr.shape[0]
+      if widen_exact:
+        v, _, _ = widen(xr)
+        keep_sub = per_group(systems.per_row(tiny_exact, i, n_rows), xr)
+        v = jnp.where(keep_sub | (v >= 2.0 ** -126), v, 0.0)
+      else:  # below 2**-126 dropped here too: XLA's CPU flushes it, XLA's GPU would not
+        ax = jnp.abs(xr)
+        v = jnp.where(jnp.isfinite(xr) & (ax >= 2.0 ** -126), ax, 0.0).astype(jnp.float64)
+      consts = systems.per_row(jnp.stack([scale_inv] + list(sigmas), axis=1), i, n_rows)
+      f = per_group(consts[:, 0], xr)
+      a = v / f if divided else v * f
+      t = power_term(a, p)
+      pieces = extract([t], [per_group(consts[:, k + 1], xr) for k in range(folds)])
+      per_row = jnp.stack(_vreduce(pieces, [0.0] * folds, ["sum"] * folds, inner_axes(xr)),
+                          axis=1)
+      red = systems.row_reduce(per_row, i, "sum")
+      sums = [acc + red[:, k] for k, acc in enumerate(sums)]
     return tuple(sums)
 
   sums = list(lax.cond(jnp.any(tiny), lambda: power_sums(True), lambda: power_sums(False)))

@@ -1,8 +1,9 @@
-"""How rows map to systems, the 2-D views the reductions run on, and what a pass reports.
+"""How rows map to systems, the views the reductions run on, and what a pass reports.
 
-A leaf is seen as (rows, elements per row); segment ids assign each row to a system (no ids:
-one system). Per-system reductions are segment reductions over per-row values, and per-system
-values reach the rows by a gather.
+With segments a leaf is seen as (rows, elements per row); segment ids assign each row to a
+system. Per-system reductions are segment reductions over per-row values, and per-system
+values reach the rows by a gather. Without ids (one system) a leaf keeps its own axes
+(:func:`block`), so that a leaf split along any axis is reduced where its shards lie.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import numpy as np
 
 from clipbench.impls.own.jax.formats import FORMATS
 
-# Rows a leaf is cut into for a reduction without segments: XLA on CPU reduces many rows in
-# parallel but one long row serially.
+# Groups a leaf's rows are cut into, at most, for a reduction without segments: XLA on CPU
+# reduces many groups in parallel but one long group serially.
 GROUP_ROWS = 1024
+# Elements a group of a leaf's :func:`block` view holds at least: enough work per task for XLA
+# on CPU, and few groups per leaf, whose partial results cross devices when a leaf is split
+# along an inner axis (each device then holds a part of every group).
+MIN_GROUP_ELEMENTS = 1 << 14
 
 
 class Systems(NamedTuple):
@@ -106,27 +111,46 @@ def nonfinite_flags(nan, nonfinite, systems: Systems, leaf: int, axes):
   return fl >= 2, fl == 1
 
 
-def blocks(x, systems: Systems):
-  """2-D views of a leaf for reductions: its rows with segments; otherwise the flat leaf as up
-  to GROUP_ROWS rows plus a one-row tail. Slices fuse into their consumers: no copy."""
+def block(x, systems: Systems):
+  """A leaf as the view its reductions run on, over every axis but the first (None when it
+  is empty): its rows with segments; otherwise the leaf on its own axes, its rows cut into
+  :func:`_groups` groups of consecutive rows along a new first axis.
+
+  The leaf keeps every axis, so a split along any of them (rows, columns: tensor
+  parallelism) stays a split of the view, and XLA's partitioner moves nothing to build it;
+  a flat view cut into rows would need the leaf's elements in flat order on each device. The
+  groups are there for XLA on CPU, which reduces many groups in parallel but one long group
+  serially (a leaf of odd rows is one group)."""
   if systems.segs is not None:
-    return [rows(x)]
-  flat = x.reshape(-1)
-  n = flat.shape[0]
-  if n == 0:
-    return []
-  n_rows = min(GROUP_ROWS, n)
-  width = n // n_rows
-  main = n_rows * width
-  out = [flat[:main].reshape(n_rows, width)]
-  if main < n:
-    out.append(flat[main:].reshape(1, n - main))
-  return out
+    return rows(x)
+  if x.size == 0:
+    return None
+  if x.ndim == 0:
+    return x.reshape(1, 1)
+  groups = _groups(x)
+  return x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
+
+
+def _groups(x) -> int:
+  """Groups of a leaf's :func:`block` view: :func:`_group_rows`, and at most one per
+  MIN_GROUP_ELEMENTS elements (a power of two)."""
+  per_elements = x.size // MIN_GROUP_ELEMENTS
+  return max(1, min(_group_rows(x), 1 << (per_elements.bit_length() - 1) if per_elements else 1))
+
+
+def inner_axes(v) -> tuple[int, ...]:
+  """The axes a :func:`block` view is reduced over: all but the first."""
+  return tuple(range(1, v.ndim))
+
+
+def per_group(v, view):
+  """Per-group (or per-row) values v (groups,) shaped to broadcast against ``view``."""
+  return v.reshape(v.shape + (1,) * (view.ndim - 1))
 
 
 def _group_rows(x) -> int:
-  """Rows of a leaf's piece of a :func:`dtype_blocks` block: the largest power of two, at most
-  GROUP_ROWS, that divides the leaf's own rows."""
+  """Groups of a leaf's rows in a :func:`block` view or a :func:`dtype_blocks` block: the
+  largest power of two, at most GROUP_ROWS, that divides the leaf's own rows."""
   n_rows = x.shape[0] if x.ndim else 1
   return min(GROUP_ROWS, n_rows & -n_rows)
 
