@@ -62,7 +62,39 @@ def failures() -> list[str]:
   found += _partials_failures(mesh)
   found += _unchunked_failures(mesh)
   found += _intervals_failures(mesh)
+  found += _owners_exchange_failures()
   return [f for f in found if f]
+
+
+def _owners_exchange_failures() -> list[str]:
+  """The CUDA route's exchange of per-system values by owners (beyond two ranks, from 1,024
+  values), with a double-double field at an odd offset (one value before it, then 700): every
+  rank gets each field folded over the ranks in rank order, bit for bit as the all-gather
+  way folds them. Each rank draws every rank's values from the same seeds."""
+  from clipbench.impls.own.torch import sharded_intervals  # pylint: disable=import-outside-toplevel
+  ranks = dist.get_world_size()
+  if ranks < 3:
+    return []
+
+  def fields(rank: int) -> list[tuple[torch.Tensor, str]]:
+    gen = torch.Generator().manual_seed(900 + rank)
+    hi = torch.rand(700, generator=gen, dtype=torch.float64) * 2.0 ** rank
+    lo = hi * torch.rand(700, generator=gen, dtype=torch.float64) * 2.0 ** -54
+    return [(torch.rand(1, generator=gen, dtype=torch.float64), "max"),
+            (torch.rand(700, generator=gen, dtype=torch.float64), "sum"),
+            (torch.stack([hi, lo], 1), "dd")]
+
+  mine = fields(dist.get_rank())
+  if sum(t.numel() for t, _ in mine) < sharded_intervals.OWNERS_FROM:
+    return ["owners exchange: too few values to take the owners' way"]
+  got = sharded_intervals._Exchange(None, torch.device("cpu")).reduce(mine)
+  every = [fields(r) for r in range(ranks)]
+  found = []
+  for i, (t, op) in enumerate(mine):
+    want = sharded_intervals._fold(torch.stack([f[i][0].reshape(-1) for f in every]), op)
+    if not _same(got[i].reshape(-1), want):
+      found.append(f"owners exchange: field {i} ({op}) differs from the all-gather way's fold")
+  return found
 
 
 def _same(got, want) -> bool:
@@ -88,10 +120,11 @@ def _intervals_bound(leaves, systems: int) -> int:
 
 
 def _wide_intervals_bound(leaves, systems: int) -> int:
-  """The same for float64 power sums (p = 1, 2): per system the count, the factor bits, the
-  maximum (it sets the extraction's grid) and four extracted pieces, and a depth bound."""
-  del leaves
-  return 8 * (2 + 7 * systems)
+  """The same for float64 power sums (p = 1, 2): per system the count, the maximum (it sets
+  the extraction's grid) and the sum of the extracted pieces as a double-double, and the
+  factor bits when narrower leaves are mixed in; a validity word and a depth bound."""
+  mixed = any(x.dtype != torch.float64 for x in leaves)
+  return 8 * (2 + (5 if mixed else 4) * systems)
 
 
 def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
@@ -223,6 +256,14 @@ def _intervals_failures(mesh) -> list[str]:
                   (wide, threshold), dict(segments=placed_ids[1:], num_systems=K),
                   dict(segments=ids[1:], num_systems=K), found,
                   _wide_intervals_bound if op == "clip_by_global_norm" else None)
+    # Every leaf float64: the factor bits are 53 on every rank and do not travel.
+    only_wide, only_wide_leaves = wide[::2], wide_leaves[::2]
+    _check_call("CUDA route: float64 only, clip_grad_norm", eager.clip_grad_norm,
+                (only_wide_leaves, 3.0), (only_wide, 3.0), {}, {}, found, _wide_intervals_bound)
+    _check_call("CUDA route: float64 only, clip_by_global_norm", eager.clip_by_global_norm,
+                (only_wide_leaves, threshold), (only_wide, threshold),
+                dict(segments=placed_ids[1::2], num_systems=K),
+                dict(segments=ids[1::2], num_systems=K), found, _wide_intervals_bound)
     before = sharded.TRAFFIC.snapshot()
     eager.clip_grad_norm(wide_leaves, 3.0, norm_type=2.5)
     if sharded.TRAFFIC.gathered_calls != before.gathered_calls + 1:
@@ -245,6 +286,13 @@ def _intervals_failures(mesh) -> list[str]:
                          ([plain], c), dict(norm_type=p), dict(norm_type=p), found, None)
       if sent <= _intervals_bound([placed], 1):
         found.append(f"CUDA route: a tie, p={p}: sent {sent} bytes, no exact partials")
+    # The same ties in float64 (the double-double sums of the pieces, then exact partials).
+    for p, c in ((2.0, 5.0), (1.0, 7.0)):
+      sent = _check_call(f"CUDA route: a float64 tie, p={p}", eager.clip_grad_norm,
+                         ([tied.double()], c), ([tie.double()], c), dict(norm_type=p),
+                         dict(norm_type=p), found, None)
+      if sent <= _wide_intervals_bound([tied], 1):
+        found.append(f"CUDA route: a float64 tie, p={p}: sent {sent} bytes, no exact partials")
     steps = torch.tensor([3.0, 4.0])
     _check_call("CUDA route: a tie, max-step", eager.clip_by_max_step, ([tied], steps),
                 ([tie], steps), dict(segments=[distribute_tensor(tie_ids, mesh, [Shard(0)])],

@@ -271,7 +271,17 @@ class EagerKernels:
     total_abs = n * per_elem * (1 + 4 * U64) + tail
     bound = (gamma(depth) * total_abs + n * 2 * U64 * per_elem + n * 2.0 ** -100
              + n * 2.0 ** -1070)
-    return Pieces(q1, q2, qt, rest, bound, e)
+    pieces = Pieces(q1, q2, qt, rest, bound, e)
+    extra = self.pieces_sharing_error(pieces, n, params, total_abs)
+    return pieces if extra is None else pieces._replace(bound=bound + extra)
+
+  def pieces_sharing_error(self, pieces: Pieces, n: torch.Tensor, params: torch.Tensor,
+                           total_abs: torch.Tensor) -> torch.Tensor | None:
+    """What adding the pieces' sums across devices adds to their error bound (``n``, the counts;
+    ``params``, the extraction's; ``total_abs``, the bound of ``rest``'s magnitude): none on one
+    device."""
+    del pieces, n, params, total_abs
+    return None
 
   def _accumulate_pieces(self, batch: Batch, p: int, params: torch.Tensor):
     """(K, 4) sums of the pieces per system, and the depth bound of the ``rest`` sums."""

@@ -13,8 +13,9 @@ partial measures may be reduced across ranks in any order:
 * maxima (p = +inf, the scaling of a general p, max-step) by ``max``, minima (p = -inf) by
   ``min``: exact;
 * element counts (for the underflow bounds and the roundings of the outputs) added exactly,
-  and the factor bits of float64 systems by ``min`` (24 when any rank holds a narrower
-  element).
+  and, when float64 leaves are mixed with narrower ones, the factor bits of float64 systems
+  by ``min`` (24 when any rank holds a narrower element; 53 on every rank when every leaf is
+  float64, and then not sent).
 
 One rank's call:
 
@@ -42,8 +43,11 @@ The passes are the eager ones whatever the implementation (``clipbench.torch-com
 ``clipbench.triton`` too): every route computes the same exact function, so the bits are theirs.
 
 float64 leaves: the power sums (p = 1, 2) are error-free extractions onto grids that the
-reduced maxima and counts set, the same on every rank, so their pieces add exactly across
-ranks and only the remainder's bound grows; a max-step and an integer p other than 1, 2 take
+reduced maxima and counts set, the same on every rank. A rank sends its four sums of pieces
+as one double-double, and the ranks' double-doubles are added in double-double (:func:`dd_add`,
+rank order); those roundings, below ``(ranks + 1) 2**-103`` of the pieces' magnitudes, join
+the bound. With the count and the maximum that is four float64 values a system (32 bytes),
+where four pieces added exactly made seven. A max-step and an integer p other than 1, 2 take
 the exact path for every system (as on one device), from every rank's exact partials.
 
 Not here (the gathering way, decided from metadata): float64 leaves with a non-integer p (the
@@ -63,6 +67,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from clipbench.impls.own.double_double import fast_two_sum, two_sum
 from clipbench.impls.own.exact import magnitudes_of, power_sum
 from clipbench.impls.own.torch.arguments import (Threshold, check_leaves, check_nonfinite,
                                                  check_norm_type, check_segments, check_threshold)
@@ -104,7 +109,8 @@ def applies(leaves: list[Any], call: Any, certified: bool) -> bool:
   return len({x.device.type for x in leaves}) == 1
 
 
-_OPS = ("sum", "max", "min")
+# "dd": (hi, lo) pairs of a double-double, added in double-double.
+_OPS = ("sum", "max", "min", "dd")
 # Beyond two ranks an exchange of at least this many values is reduced by owners: an
 # all-gather hands every value to every rank (``ranks - 1`` copies on a ring), while an
 # all-to-all to the values' owners and an all-gather of the folded slices move ``2 (ranks -
@@ -127,7 +133,9 @@ class _Exchange:
     self.device = device
 
   def reduce(self, fields: list[tuple[torch.Tensor, str]]) -> list[torch.Tensor]:
-    """Each float64 tensor reduced over the ranks by its operator ("sum", "max", "min")."""
+    """Each float64 tensor reduced over the ranks by its operator ("sum", "max", "min"; "dd":
+    a (K, 2) tensor of double-doubles)."""
+    fields = _pairs_aligned(fields)
     flat = [t.reshape(-1).to(torch.float64) for t, _ in fields]
     sizes = [t.numel() for t in flat]
     mine = torch.cat(flat) if len(flat) > 1 else flat[0]
@@ -141,18 +149,20 @@ class _Exchange:
       every = every.view(self.ranks, n)
       folded = torch.cat([_fold(part, op) for part, (_, op) in
                           zip(torch.split(every, sizes, dim=1), fields)])
-    return [part.reshape(t.shape) for part, (t, _) in zip(torch.split(folded, sizes), fields)]
+    reduced = [part.reshape(t.shape) for part, (t, _) in zip(torch.split(folded, sizes), fields)]
+    return [r for r, (_, op) in zip(reduced, fields) if op != "pad"]
 
   def _by_owners(self, mine: torch.Tensor, ops: list[str], sizes: list[int]) -> torch.Tensor:
     n, ranks = mine.numel(), self.ranks
     width = -(-n // ranks)
+    width += width % 2  # a double-double's pair in one rank's slice (:func:`_pairs_aligned`)
     padded = torch.zeros(ranks * width, dtype=torch.float64, device=self.device)
     padded[:n] = mine
     received = torch.empty_like(padded)
     TRAFFIC.bytes_sent += padded.numel() * 8
     dist.all_to_all_single(received, padded, group=self.group)
-    codes = torch.repeat_interleave(torch.tensor([_OPS.index(op) for op in ops]),
-                                    torch.tensor(sizes))
+    codes = torch.repeat_interleave(torch.tensor([_OPS.index(op if op != "pad" else "sum")
+                                                  for op in ops]), torch.tensor(sizes))
     me = dist.get_rank(self.group)
     owned = torch.zeros(width, dtype=torch.int64)
     slice_codes = codes[me * width:(me + 1) * width]
@@ -160,7 +170,9 @@ class _Exchange:
     owned = owned.to(self.device)
     parts = received.view(ranks, width)
     folded = torch.where(owned == 0, _fold(parts, "sum"),
-                         torch.where(owned == 1, _fold(parts, "max"), _fold(parts, "min")))
+                         torch.where(owned == 1, _fold(parts, "max"),
+                                     torch.where(owned == 2, _fold(parts, "min"),
+                                                 _fold(parts, "dd"))))
     every = torch.empty(ranks * width, dtype=torch.float64, device=self.device)
     TRAFFIC.bytes_sent += width * 8
     dist.all_gather_single(every, folded, group=self.group)
@@ -177,7 +189,35 @@ class _Exchange:
 def _fold(every: torch.Tensor, op: str) -> torch.Tensor:
   """(ranks, n) values folded over the ranks: the same operator on the same values gives the
   same bits on every rank."""
+  if op == "dd":
+    pairs = every.reshape(every.shape[0], -1, 2)
+    hi, lo = pairs[0, :, 0], pairs[0, :, 1]
+    for rank in range(1, pairs.shape[0]):
+      hi, lo = dd_add(hi, lo, pairs[rank, :, 0], pairs[rank, :, 1])
+    return torch.stack([hi, lo], 1).reshape(-1)
   return every.sum(0) if op == "sum" else every.amax(0) if op == "max" else every.amin(0)
+
+
+def dd_add(ah, al, bh, bl):
+  """(ah + al) + (bh + bl) in double-double, within 3 u**2 / (1 - 4 u) of the exact sum
+  relative, whatever the signs (Joldes, Muller, Popescu 2017, AccurateDWPlusDW)."""
+  sh, sl = two_sum(torch, ah, bh)
+  th, tl = two_sum(torch, al, bl)
+  vh, vl = fast_two_sum(torch, sh, sl + th)
+  return fast_two_sum(torch, vh, tl + vl)
+
+
+def _pairs_aligned(fields: list[tuple[torch.Tensor, str]]) -> list[tuple[torch.Tensor, str]]:
+  """The fields with a one-value pad before each double-double field at an odd offset, so
+  that with an even slice width no pair is cut between two owners."""
+  out, offset = [], 0
+  for t, op in fields:
+    if op == "dd" and offset % 2:
+      out.append((torch.zeros(1, dtype=torch.float64, device=t.device), "pad"))
+      offset += 1
+    out.append((t, op))
+    offset += t.numel()
+  return out
 
 
 class ReducingKernels(EagerKernels):
@@ -189,8 +229,11 @@ class ReducingKernels(EagerKernels):
   failed.
   """
 
-  def __init__(self, exchange: _Exchange, checks_passed: bool):
+  def __init__(self, exchange: _Exchange, checks_passed: bool, factor_bits_vary: bool = True):
     self.exchange = exchange
+    # A float64 system's factor bits are 24 when it holds a narrower element, which a rank
+    # sees in its own rows only; with every leaf float64 they are 53 on every rank.
+    self.factor_bits_vary = factor_bits_vary
     self.invalid = torch.zeros((), dtype=torch.float64, device=exchange.device)
     if not checks_passed:
       self.invalid = self.invalid + 1
@@ -209,7 +252,7 @@ class ReducingKernels(EagerKernels):
     self._local_counts = batch.counts
     prec = batch.prec
     self._first = [(self.invalid, "max"), (batch.counts, "sum")]
-    if batch.norm64:
+    if batch.norm64 and self.factor_bits_vary:
       prec = prec.to(torch.float64) if isinstance(prec, torch.Tensor) else torch.full(
           (K,), float(prec), dtype=torch.float64, device=self.exchange.device)
       self._first.append((prec, "min"))
@@ -259,11 +302,30 @@ class ReducingKernels(EagerKernels):
     return best, int(longest[0])
 
   def _accumulate_pieces(self, batch: Batch, p: int, params: torch.Tensor):
-    # The extracted pieces lie on grids set by the reduced maxima and counts, the same on
-    # every rank, so their sums across ranks are exact too; only ``rest`` rounds.
+    # A rank's four sums travel as one double-double, two values a system, not four; they are
+    # added across ranks in double-double, whose rounding :meth:`pieces_sharing_error` bounds.
     acc, depth = super()._accumulate_pieces(batch, p, params)
-    acc, depth = self._reduce([(acc, "sum"), (self._depth(depth), "max")])
+    q1, q2, qt, rest = acc.unbind(1)
+    s, e1 = two_sum(torch, q1, q2)
+    s, e2 = two_sum(torch, s, qt)
+    s, e3 = two_sum(torch, s, rest)
+    hi, lo = fast_two_sum(torch, s, (e1 + e2) + e3)
+    summed, depth = self._reduce([(torch.stack([hi, lo], 1), "dd"), (self._depth(depth), "max")])
+    acc = torch.zeros_like(acc)
+    acc[:, :2] = summed
     return acc, depth + (self.exchange.ranks - 1)
+
+  def pieces_sharing_error(self, pieces, n: torch.Tensor, params: torch.Tensor,
+                           total_abs: torch.Tensor) -> torch.Tensor:
+    # The terms are >= 0; of the pieces only q2 (each below the grid step sig1 2**-52) and
+    # rest can be negative, so this bounds the sum of every rank's pieces' magnitudes:
+    magnitudes = ((pieces.q1 + pieces.q2 + pieces.qt).abs()
+                  + 2 * (n * params[:, 2] * 2.0 ** -52 + total_abs) + pieces.bound)
+    # each rank's double-double rounds (e1 + e2) + e3 twice, each time within u of terms
+    # within u of the pieces: 6 u**2 of their magnitudes; then ranks - 1 additions, each
+    # within 3 u**2 / (1 - 4 u) of a partial sum (:func:`dd_add`), which the magnitudes bound
+    # too. (4 ranks + 3) u**2, with room: (ranks + 1) 2**-103.
+    return (self.exchange.ranks + 1) * 2.0 ** -103 * magnitudes
 
 
 @dataclasses.dataclass
@@ -355,7 +417,8 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     checked = check_threshold(math.inf, call.threshold_name, None, device=device)
     nonfinite = "propagate"
   exchange = _Exchange(group, device)
-  kernels = ReducingKernels(exchange, valid)
+  kernels = ReducingKernels(exchange, valid, factor_bits_vary=any(
+      x.dtype != torch.float64 for x in leaves))
   with torch.no_grad():
     batch = make_batch(checked_leaves, ids, K)
     batch.device = device
