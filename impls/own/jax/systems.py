@@ -112,8 +112,8 @@ def nonfinite_flags(nan, nonfinite, systems: Systems, leaf: int, axes):
 
 
 def block(x, systems: Systems):
-  """A leaf as the view its reductions run on, over every axis but the first (None when it
-  is empty): its rows with segments; otherwise the leaf on its own axes, its rows cut into
+  """A leaf as the view its reductions run on, over every axis but the first: its rows with
+  segments; otherwise (None for an empty leaf) the leaf on its own axes, its rows cut into
   :func:`_groups` groups of consecutive rows along a new first axis.
 
   The leaf keeps every axis, so a split along any of them (rows, columns: tensor
