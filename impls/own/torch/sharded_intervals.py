@@ -170,9 +170,9 @@ class _Exchange:
     owned = owned.to(self.device)
     parts = received.view(ranks, width)
     folded = torch.where(owned == 0, _fold(parts, "sum"),
-                         torch.where(owned == 1, _fold(parts, "max"),
-                                     torch.where(owned == 2, _fold(parts, "min"),
-                                                 _fold(parts, "dd"))))
+                         torch.where(owned == 1, _fold(parts, "max"), _fold(parts, "min")))
+    if "dd" in ops:
+      folded = torch.where(owned == _OPS.index("dd"), _fold(parts, "dd"), folded)
     every = torch.empty(ranks * width, dtype=torch.float64, device=self.device)
     TRAFFIC.bytes_sent += width * 8
     dist.all_gather_single(every, folded, group=self.group)
