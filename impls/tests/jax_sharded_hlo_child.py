@@ -36,6 +36,13 @@ FLOAT64_SHAPES = ((4000, 30), (2048, 64), (1024, 96), (512, 128))
 # and one of 120 rows, whose rows have a small power of two. Every shard holds more than the
 # near-tie loop's all-reduces of limb sums (6 KB a float32 leaf, 80 KB for float64).
 COLUMN_SHAPES = ((512, 256), (1024, 128), (120, 1024), (7, 48, 256))
+# Rows that do not divide among the 4 devices: XLA pads the last shards (placed whole, split
+# inside the program, as ``device_put`` refuses uneven shards).
+UNEVEN_W1_SHAPES = ((1023, 64), (1021, 96), (2047, 16), (257, 128))
+# One leaf of 510 rows (2 x 255): the one-system pass views it as 2 groups of 255 rows
+# (``systems.block``), a reshape XLA cannot apply to 4 padded shards of 128 rows.
+UNEVEN_GROUPED_SHAPES = ((1023, 64), (510, 96))
+UNEVEN_PER_SYSTEM_SHAPES = ((16381, 3), (32766,))
 NUM_SYSTEMS = 16
 ROUTES = {"graph": "graph", "ffi": "host"}
 OPS = ("clip_grad_norm", "clip_by_global_norm", "clip_by_max_step")
@@ -54,21 +61,36 @@ def _columns(ndim: int) -> NamedSharding:
   return NamedSharding(_mesh(), P(*([None] * (ndim - 1)), "shards"))
 
 
-def _case(op: str, dtype=np.float32, columns: bool = False):
+def _whole(ndim: int) -> NamedSharding:
+  del ndim
+  return NamedSharding(_mesh(), P())
+
+
+def _case(op: str, dtype=np.float32, columns: bool = False, uneven: bool | str = False):
   rng = np.random.default_rng(0)
   shapes = W1_SHAPES if op == "clip_grad_norm" else PER_SYSTEM_SHAPES
   if dtype == np.float64:
     shapes = FLOAT64_SHAPES
   if columns:
     shapes = COLUMN_SHAPES
-  place = _columns if columns else _rows
+  if uneven:
+    shapes = UNEVEN_W1_SHAPES if op == "clip_grad_norm" else UNEVEN_PER_SYSTEM_SHAPES
+    if uneven == "grouped":
+      shapes = UNEVEN_GROUPED_SHAPES
+  place = _columns if columns else _whole if uneven else _rows
   leaves = [jax.device_put(rng.standard_normal(s).astype(dtype), place(len(s)))
             for s in shapes]
   if op == "clip_grad_norm":
     return leaves, None
-  segments = [jax.device_put(np.repeat(np.arange(NUM_SYSTEMS, dtype=np.int32),
-                                       s[0] // NUM_SYSTEMS), _rows(1)) for s in shapes]
+  # sorted ids, each system's rows a run that may straddle a shard boundary
+  segments = [jax.device_put((np.arange(s[0]) * NUM_SYSTEMS // s[0]).astype(np.int32),
+                             place(1)) for s in shapes]
   return leaves, segments
+
+
+def _split_rows(arrays):
+  """Inside the program: each array's rows split over the devices (unevenly, padded)."""
+  return [jax.lax.with_sharding_constraint(x, _rows(x.ndim)) for x in arrays]
 
 
 def smallest_shard(leaves, segments) -> int:
@@ -92,6 +114,12 @@ VARIANTS = {
     "clip_grad_norm-columns-p1": ("clip_grad_norm", {"norm_type": 1.0}, False),
     "clip_grad_norm-columns-pinf": ("clip_grad_norm", {"norm_type": float("inf")}, False),
     "clip_grad_norm-columns-float64": ("clip_grad_norm", {}, False),
+    # rows split unevenly (UNEVEN_*_SHAPES)
+    "clip_grad_norm-uneven": ("clip_grad_norm", {}, False),
+    "clip_grad_norm-uneven-grouped": ("clip_grad_norm", {}, False),
+    "clip_by_global_norm-uneven": ("clip_by_global_norm", {}, False),
+    "clip_by_global_norm-uneven-p1": ("clip_by_global_norm", {"norm_type": 1.0}, False),
+    "clip_by_max_step-uneven": ("clip_by_max_step", {}, False),
 }
 FLOAT64_VARIANTS = ("clip_grad_norm-float64", "clip_grad_norm-float64-pmin",
                     "clip_grad_norm-columns-float64")
@@ -99,12 +127,18 @@ COLUMN_VARIANTS = ("clip_grad_norm-columns", "clip_grad_norm-columns-p1",
                    "clip_grad_norm-columns-pinf", "clip_grad_norm-columns-float64")
 
 
+UNEVEN_VARIANTS = ("clip_grad_norm-uneven", "clip_grad_norm-uneven-grouped",
+                   "clip_by_global_norm-uneven",
+                   "clip_by_global_norm-uneven-p1", "clip_by_max_step-uneven")
+
+
 # The graph route: near-ties settled from limb sums (p = 1, 2, zero mode), vector by vector
 # (max-step), from the leaves (other p), or never (p = +-inf: the norm is an element).
 GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-pinf", "clip_grad_norm-p8",
-                  "clip_grad_norm-zero") + FLOAT64_VARIANTS + COLUMN_VARIANTS[:3]
+                  "clip_grad_norm-zero") + FLOAT64_VARIANTS + COLUMN_VARIANTS[:3] + (
+                      UNEVEN_VARIANTS)
 # The FFI route's partitioning rule keeps row splits only (impls/own/jax/partitioned.py).
-FFI_VARIANTS = tuple(v for v in VARIANTS if v not in COLUMN_VARIANTS) + (
+FFI_VARIANTS = tuple(v for v in VARIANTS if v not in COLUMN_VARIANTS + UNEVEN_VARIANTS) + (
     "clip_grad_norm-columns",)
 
 
@@ -121,19 +155,25 @@ def compiled_text(route: str, op: str) -> tuple[str, int, bool | None]:
 def _compiled_text(route: str, name: str, dtype) -> tuple[str, int, bool | None]:
   op, kwargs, one_system = VARIANTS.get(name, (name, {}, False))
   columns = name in COLUMN_VARIANTS
-  leaves, segments = _case("clip_grad_norm" if one_system else op, dtype, columns)
+  uneven = name in UNEVEN_VARIANTS and ("grouped" if name.endswith("-grouped") else True)
+  leaves, segments = _case("clip_grad_norm" if one_system else op, dtype, columns, uneven)
+  split = _split_rows if uneven else list
   function = functools.partial(getattr(api, op), **kwargs)
   if route == "optax":
     import optax  # pylint: disable=import-outside-toplevel
     clip = optax.clip_by_global_norm(1.0)
     jitted = jax.jit(lambda xs: clip.update(xs, clip.init(xs))[0])
     return jitted.lower(leaves).compile().as_text(), smallest_shard(leaves, segments), None
+  def kept(result):  # outputs keep the split, as a sharded step keeps them
+    outs, *rest = result
+    return (split(list(outs)), *rest)
+
   if segments is None:
-    jitted = jax.jit(lambda xs: function(xs, 1.0, route=route))
+    jitted = jax.jit(lambda xs: kept(function(split(xs), 1.0, route=route)))
     lowered = jitted.lower(leaves)
   else:
-    jitted = jax.jit(lambda xs, gs: function(xs, 1.0, segments=gs, num_systems=NUM_SYSTEMS,
-                                             route=route))
+    jitted = jax.jit(lambda xs, gs: kept(function(split(xs), 1.0, segments=split(gs),
+                                                  num_systems=NUM_SYSTEMS, route=route)))
     lowered = jitted.lower(leaves, segments)
   compiled = lowered.compile()
   same = None
@@ -197,7 +237,9 @@ def main() -> int:
         route == "graph") else ("clip_grad_norm",):
       text, smallest, same = compiled_text(route, op)
       found = collectives.collectives(text)
-      big = collectives.leaf_sized(text, smallest)
+      # The uneven cases' own splitting (with_sharding_constraint) is the caller's doing.
+      big = [c for c in collectives.leaf_sized(text, smallest)
+             if not c.op_name.endswith("sharding_constraint")]
       print(json.dumps({"route": name, "op": op, "smallest_shard": smallest,
                         "collectives": len(found), "same_bits": same,
                         "leaf_sized": [[c.opcode, c.name, c.result.nbytes,

@@ -56,6 +56,12 @@ FFI_COLUMNS_GATHER = ("the FFI (numba) route's partitioning rule keeps a leaf's 
                       "rows only; a leaf split along another axis is made whole on every "
                       "device (impls/own/jax/partitioned.py; issue 32)")
 
+GROUPS_MOVE_UNEVEN_ROWS = ("the graph route's one-system pass views a leaf of 2**k x odd rows "
+                           "as 2**k groups (systems.block, for XLA:CPU's parallel reductions); "
+                           "where the rows do not divide among the devices, XLA's partitioner "
+                           "cannot reshape the padded shards and all-gathers the leaf "
+                           "(docs/sharding.md; issue 32)")
+
 CASES = [
     pytest.param("optax", "clip_grad_norm"),
     pytest.param("graph", "clip_grad_norm"),
@@ -71,6 +77,12 @@ CASES = [
     pytest.param("graph", "clip_grad_norm-columns"),
     pytest.param("graph", "clip_grad_norm-columns-p1"),
     pytest.param("graph", "clip_grad_norm-columns-pinf"),
+    pytest.param("graph", "clip_grad_norm-uneven"),
+    pytest.param("graph", "clip_grad_norm-uneven-grouped",
+                 marks=pytest.mark.xfail(strict=True, reason=GROUPS_MOVE_UNEVEN_ROWS)),
+    pytest.param("graph", "clip_by_global_norm-uneven"),
+    pytest.param("graph", "clip_by_global_norm-uneven-p1"),
+    pytest.param("graph", "clip_by_max_step-uneven"),
     pytest.param("graph", "clip_grad_norm-columns-float64",
                  marks=pytest.mark.xfail(strict=True, reason=WIDE_COLUMNS_MOVE)),
     pytest.param("ffi", "clip_grad_norm"),

@@ -31,7 +31,7 @@ from clipbench.impls.own import decision, exact
 from clipbench.impls.own.jax import step_ties
 from clipbench.impls.own.jax.config import Config, Threshold
 from clipbench.impls.own.jax.formats import FLOAT64, as_words, bits_of, decode, format_of, u64
-from clipbench.impls.own.jax.systems import dtype_blocks
+from clipbench.impls.own.jax.systems import SEGMENT_ROWS, dtype_blocks
 
 
 def host_ties(cfg: Config, tie, c_bits, segs, *leaf_bits) -> np.ndarray:
@@ -139,15 +139,23 @@ def exact_limb_sums(cfg: Config, leaves, segs, system):
     if not math.prod(x.shape):
       continue
     fmt = format_of(x.dtype)
-    b = u64(bits_of(x, fmt))
+    bits, seg = bits_of(x, fmt), None if segs is None else segs[i]
+    if x.ndim and x.shape[0] % SEGMENT_ROWS:
+      # Rows of +0 up to a multiple of SEGMENT_ROWS (they add nothing): XLA gathers the
+      # indices of a scatter whose rows do not divide among the devices (systems.SEGMENT_ROWS).
+      # The bits are padded, not the floats: XLA on CPU flushes subnormals in float operations.
+      rows_padded = (0, -x.shape[0] % SEGMENT_ROWS)
+      bits = jnp.pad(bits, (rows_padded,) + ((0, 0),) * (x.ndim - 1))
+      seg = None if seg is None else jnp.pad(seg, rows_padded, constant_values=-1)
+    b = u64(bits)
     a = b & ((1 << (fmt.nbits - 1)) - 1)
     ef, mf = a >> fmt.mbits, a & ((1 << fmt.mbits) - 1)
     finite = ef != fmt.emax_field
     m = jnp.where(ef > 0, mf | (1 << fmt.mbits), mf)
     e = jnp.where(ef > 0, ef.astype(jnp.int32) - fmt.bias, fmt.emin) - fmt.mbits
     held = finite
-    if segs is not None:
-      held = held & (segs[i] == system).reshape((-1,) + (1,) * (x.ndim - 1))
+    if seg is not None:
+      held = held & (seg == system).reshape((-1,) + (1,) * (x.ndim - 1))
     m = jnp.where(held, m, jnp.uint64(0))
     # Scattered from the leaf's own axes, not a flat view: a leaf split along an inner axis
     # (tensor parallelism) then stays where it is, and only the sums are all-reduced.
