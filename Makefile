@@ -20,8 +20,20 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 venv: $(VENV)/.installed
 
 # TRITON_INTERPRET=1: the Triton kernels run through the whole suite on the CPU (no GPU here).
+# Two pytest processes side by side, as most of the suite is single-threaded Python and CI has
+# two cores: the conformance suite in the foreground, the other tests beside it, their output
+# shown when they end (README, "Tests"). PYTEST_ARGS (options such as `--profile thorough`)
+# goes to both; to run some tests only, call `$(BIN)/python -m pytest PATH` instead.
+OTHER_TESTS := reference/tests impls/tests benchmarks/tests reports/tests clipbench/tests
 test: $(VENV)/.installed
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	@others_log=$$(mktemp); others=; trap 'rm -f "$$others_log"; [ -z "$$others" ] || kill $$others 2>/dev/null' EXIT; \
+	echo "the other tests ($(OTHER_TESTS)) run beside the conformance suite; their output follows it"; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider $(OTHER_TESTS) $(PYTEST_ARGS) >"$$others_log" 2>&1 & others=$$!; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider conformance $(PYTEST_ARGS); conformance=$$?; \
+	wait $$others; rest=$$?; others=; \
+	echo; echo "=== the other tests: $(OTHER_TESTS) ==="; cat "$$others_log"; \
+	echo "make test: conformance exit $$conformance, other tests exit $$rest"; \
+	[ $$conformance -eq 0 ] && [ $$rest -eq 0 ]
 
 report: $(VENV)/.installed
 	$(BIN)/clipbench report $(REPORT_ARGS)
