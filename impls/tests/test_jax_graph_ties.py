@@ -221,7 +221,7 @@ def test_a_step_tie_decides_by_the_exact_norm():
 
 def test_an_eager_call_on_one_device_settles_ties_from_the_leaves(monkeypatch):
   """Compiled alone on one device's leaves, a max-step tie takes the leaves' way, which costs
-  the compilation less (``Config.ties_on_device``); under ``jax.jit`` the device way."""
+  the compilation less (``Config.may_be_sharded``); under ``jax.jit`` the device way."""
   ways = []
   for name, module, fn in (("leaves", exact_fallback, "host_ties"),
                            ("device", step_ties, "host_round")):

@@ -19,10 +19,12 @@ class Config(NamedTuple):
   host: bool = False  # the numba kernels through XLA FFI (:mod:`.host_route`), not the graph
   api_op: str = ""  # the public operation (the host route's kernels are per operation)
   nonfinite: str = "propagate"
-  # Settle max-step near-ties on the devices (``step_ties``): where the leaves may be sharded.
-  # A call compiled alone on one device's leaves hands a tie's leaves to the host instead,
-  # which costs its compilation less and moves nothing it must not.
-  ties_on_device: bool = True
+  # Whether the leaves may be sharded (a traced call, or one whose leaves span devices). Then
+  # max-step near-ties are settled on the devices (``step_ties``), and segment reductions pad
+  # their rows (``systems.SEGMENT_ROWS``). A call compiled alone on one device's leaves hands
+  # a tie's leaves to the host and pads nothing: that costs it less, and moves nothing it
+  # must not.
+  may_be_sharded: bool = True
 
 
 class Threshold(NamedTuple):

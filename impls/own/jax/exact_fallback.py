@@ -10,7 +10,7 @@ so a sharded call's partial sums are all-reduced by XLA like any other sum), one
 round of a ``lax.while_loop``, and the host only compares the rebuilt integer with ``c**p``.
 What crosses to the host, and between devices, is a few thousand limb sums, not the leaves.
 Max-step: the few vectors that can decide a tie cross, one per system and round
-(:mod:`.step_ties`), where the leaves may be sharded (``Config.ties_on_device``). Other p (and
+(:mod:`.step_ties`), where the leaves may be sharded (``Config.may_be_sharded``). Other p (and
 max-step compiled alone on one device's leaves) pass the leaves' bits to the host, which
 decides from every element (:func:`host_ties`); on sharded leaves XLA gathers them for it.
 """
@@ -140,7 +140,7 @@ def exact_limb_sums(cfg: Config, leaves, segs, system):
       continue
     fmt = format_of(x.dtype)
     bits, seg = bits_of(x, fmt), None if segs is None else segs[i]
-    if x.ndim and x.shape[0] % SEGMENT_ROWS:
+    if cfg.may_be_sharded and x.ndim and x.shape[0] % SEGMENT_ROWS:
       # Rows of +0 up to a multiple of SEGMENT_ROWS (they add nothing): XLA gathers the
       # indices of a scatter whose rows do not divide among the devices (systems.SEGMENT_ROWS).
       # The bits are padded, not the floats: XLA on CPU flushes subnormals in float operations.

@@ -54,7 +54,7 @@ def _reported_norms(norm_v, stats: SystemStats, nan, inf, precise: bool):
 
 def forward(cfg: Config, leaves, segs, counts, threshold: Threshold) -> Forward:
   """The operation on every system (traceable, under x64)."""
-  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts)
+  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts, cfg.may_be_sharded)
   st = system_stats(cfg, leaves, systems)
   nan = st.nan & (not cfg.zero_mode)
   inf = st.inf & ~nan & (not cfg.zero_mode)

@@ -64,7 +64,7 @@ def _clip_jvp(cfg: Config, primals, tangents):
   primal = clip(cfg, leaves, segs, counts, threshold) if cfg.host else (result.outs,
                                                                          result.norms)
   action, s_m, s_e = result.decided
-  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts)
+  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts, cfg.may_be_sharded)
   clipped = action == decision.SCALE
   s_val = jnp.where(clipped, s_m * pow2(s_e), 0.0)
   exact_p = cfg.op != "step" and not math.isinf(cfg.p)

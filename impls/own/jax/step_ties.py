@@ -35,10 +35,10 @@ _NO_POSITION = np.iinfo(np.int32).max
 
 
 def rounds_apply(cfg: Config, leaves) -> bool:
-  """Whether this call's max-step ties are settled vector by vector (``Config.ties_on_device``;
+  """Whether this call's max-step ties are settled vector by vector (``Config.may_be_sharded``;
   positions fit int32, which an enclosing ``jax.jit`` with x64 off can still lower)."""
   vector_count = sum(math.prod(vectors(x).shape[:2]) for x in leaves)
-  return (cfg.op == "step" and cfg.ties_on_device and bool(leaves)
+  return (cfg.op == "step" and cfg.may_be_sharded and bool(leaves)
           and vector_count < _NO_POSITION)
 
 
@@ -76,7 +76,7 @@ def resolve_step_ties(cfg: Config, tie, action, c_words, leaves, segs, vector_ke
   ``c_words``: each system's threshold as float64 bits in (systems, 2) uint32 words;
   ``vector_keys``: per leaf, the pass's key of each vector, monotone in its computed squared
   norm (None for an empty leaf)."""
-  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags)
+  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, None, cfg.may_be_sharded)
   margin = jnp.uint64(key_margin(cfg, leaves))
   keys = list(vector_keys)
   vecs, offsets, positions = [], [], []

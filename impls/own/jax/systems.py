@@ -40,6 +40,7 @@ class Systems(NamedTuple):
   num: int
   sorted: tuple  # per leaf: its ids are sorted (a static hint to the segment reductions)
   counts: Any = None  # elements per system, when known on the host
+  pad_rows: bool = True  # segment reductions pad their rows (``Config.may_be_sharded``)
 
   def row_reduce(self, v, leaf: int, op: str):
     """Per-system reduction of per-row values v (rows, ...) of one leaf."""
@@ -47,7 +48,8 @@ class Systems(NamedTuple):
       if op == "sum":
         return jnp.sum(v, axis=0, keepdims=True)
       return (jnp.max if op == "max" else jnp.min)(v, axis=0, keepdims=True)
-    return segment_reduce(v, self.segs[leaf], self.num, op, bool(self.sorted[leaf]))
+    return segment_reduce(v, self.segs[leaf], self.num, op, bool(self.sorted[leaf]),
+                          self.pad_rows)
 
   def per_row(self, v, leaf: int, rows: int):
     """Per-system values v (S, ...) broadcast to the rows of one leaf."""
@@ -56,11 +58,11 @@ class Systems(NamedTuple):
     return v[self.segs[leaf]]
 
 
-def segment_reduce(v, ids, num: int, op: str, ids_sorted: bool):
+def segment_reduce(v, ids, num: int, op: str, ids_sorted: bool, pad_rows: bool = True):
   """``jax.ops.segment_{op}`` of per-row values v (rows, ...), its rows padded to a multiple of
   ``SEGMENT_ROWS`` (the padding's ids are ``num``: dropped, and still sorted). The same
-  additions in the same order: no bits change."""
-  extra = -v.shape[0] % SEGMENT_ROWS
+  additions in the same order: no bits change. ``pad_rows`` False: no padding."""
+  extra = -v.shape[0] % SEGMENT_ROWS if pad_rows else 0
   if extra:
     v = jnp.pad(v, ((0, extra),) + ((0, 0),) * (v.ndim - 1))
     ids = jnp.pad(ids, (0, extra), constant_values=num)
@@ -108,7 +110,8 @@ def counted_elements(leaves, systems: Systems):
       count = count + n_rows * width
     else:
       count = count + segment_reduce(jnp.full(n_rows, width, jnp.int64), systems.segs[i],
-                                     systems.num, "sum", bool(systems.sorted[i]))
+                                     systems.num, "sum", bool(systems.sorted[i]),
+                                     systems.pad_rows)
   return count
 
 
