@@ -7,6 +7,7 @@ Runs in a process of its own: JAX fixes its device count (``XLA_FLAGS``) when it
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import sys
@@ -22,7 +23,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from clipbench.impls.own.jax import api, partitioned  # noqa: E402
+from clipbench.impls.own.jax import api, partitioned, partitioned_segments  # noqa: E402
 
 ROWS = P("shards")
 
@@ -50,7 +51,17 @@ def _same(got, want) -> bool:
 
 def _counts() -> dict:
   c = partitioned.COUNTS
-  return {"rounds": c.rounds, "ties": c.ties, "finished": c.finished}
+  return {"rounds": c.rounds, "ties": c.ties, "finished": c.finished, "passes": c.passes}
+
+
+def _counted(run):
+  """(run's result, the custom calls it made: ``passes`` of a per-system call's chunk loop
+  apart)."""
+  before = _counts()
+  result = run()
+  after = _counts()
+  counts = {k: after[k] - before[k] for k in after}
+  return result, counts, counts.pop("passes")
 
 
 def _global(host, threshold, kwargs, op="clip_grad_norm", specs=None, mesh=None,
@@ -69,12 +80,59 @@ def _global(host, threshold, kwargs, op="clip_grad_norm", specs=None, mesh=None,
     jitted = jax.jit(lambda xs: function(
         [jax.lax.with_sharding_constraint(x, s) for x, s in zip(xs, sharding)], threshold,
         **kwargs))
-  before = _counts()
-  outs, norm = jitted(leaves)
-  jax.block_until_ready((outs, norm))
-  after = _counts()
+  (outs, norm), counts, _ = _counted(lambda: jax.block_until_ready(jitted(leaves)))
   return {"outputs": _same(outs, want_outs), "norms": _same([norm], [want_norm]),
-          "counts": {k: after[k] - before[k] for k in after}}
+          "counts": counts}
+
+
+def _per_system(host, ids, threshold, kwargs, op="clip_by_global_norm", specs=None,
+                constrain=False):
+  """As :func:`_global`, for a per-system call: each leaf's ids placed like its rows, and
+  the passes of the chunk loop counted apart."""
+  function = functools.partial(getattr(api, op), num_systems=int(np.size(threshold)), **kwargs)
+  want_outs, want_norms = function(host, threshold, segments=ids)
+  specs = specs or [ROWS] * len(host)
+  id_specs = [P(*s[:1]) for s in specs]
+  if constrain:  # uneven rows: split inside the jitted function (device_put needs even ones)
+    leaves, segments = [jnp.asarray(x) for x in host], [jnp.asarray(g) for g in ids]
+    split = lambda xs, ss: [jax.lax.with_sharding_constraint(x, NamedSharding(_mesh(), s))
+                            for x, s in zip(xs, ss)]
+    jitted = jax.jit(lambda xs, gs: function(split(xs, specs), threshold,
+                                             segments=split(gs, id_specs)))
+  else:
+    leaves = [_put(x, s) for x, s in zip(host, specs)]
+    segments = [_put(g, s) for g, s in zip(ids, id_specs)]
+    jitted = jax.jit(lambda xs, gs: function(xs, threshold, segments=gs))
+  (outs, norms), counts, passes = _counted(
+      lambda: jax.block_until_ready(jitted(leaves, segments)))
+  return {"outputs": _same(outs, want_outs), "norms": _same([norms], [want_norms]),
+          "counts": counts, "passes": passes,
+          "left_on_host": partitioned_segments.executions_under_way()}
+
+
+def _refused(host, ids, threshold):
+  """An id out of range in one device's rows: the jitted sharded call raises the unsharded
+  call's ``ValueError`` message (from every device's custom call), and the custom calls that
+  ran wrote nothing."""
+  function = functools.partial(api.clip_by_global_norm, num_systems=int(np.size(threshold)))
+  try:
+    function(host, threshold, segments=ids)
+    return {"error": "the unsharded call accepted an id out of range"}
+  except ValueError as e:
+    want = str(e)
+  jitted = jax.jit(lambda xs, gs: function(xs, threshold, segments=gs))
+  before = _counts()
+  try:
+    jax.block_until_ready(jitted([_put(x, ROWS) for x in host], [_put(g, ROWS) for g in ids]))
+    return {"error": "the sharded call accepted an id out of range"}
+  except Exception as e:  # noqa: BLE001 -- XLA's runtime error carries the custom call's
+    message = str(e)
+  after = _counts()
+  counts = {k: after[k] - before[k] for k in after}
+  passes = counts.pop("passes")
+  return {"outputs": want in message, "norms": True, "counts": counts, "passes": passes,
+          "left_on_host": partitioned_segments.executions_under_way(),
+          "message": message[-300:]}
 
 
 def cases():
@@ -118,6 +176,58 @@ def cases():
       [x.astype(np.float64) for x in halves], 4.0, {}))
   yield "vmap", lambda: _vmap(f32(3, 16, 4))
   yield "grad", lambda: _grad(mixed)
+  yield from per_system_cases(rng)
+
+
+def per_system_cases(rng):
+  f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+  k = 40
+  sorted_ids = lambda n: np.sort(rng.integers(0, k, n)).astype(np.int32)
+  positions, cell = f32(4000, 3), f32(k, 3, 3)
+  ids = [sorted_ids(4000), np.arange(k, dtype=np.int32)]
+  thresholds = np.full(k, 1.5, np.float32)
+  yield "segments-p2", lambda: _per_system([positions, cell], ids, thresholds, {})
+  yield "segments-p1", lambda: _per_system([positions, cell], ids, thresholds,
+                                           {"norm_type": 1.0})
+  yield "segments-p2.5", lambda: _per_system([positions, cell], ids, thresholds,
+                                             {"norm_type": 2.5})
+  yield "segments-pinf", lambda: _per_system([positions, cell], ids, thresholds,
+                                             {"norm_type": math.inf})
+  yield "segments-p8-two-rounds", lambda: _per_system([positions, cell], ids, thresholds,
+                                                      {"norm_type": 8.0})
+  yield "segments-step", lambda: _per_system([positions], ids[:1], np.full(k, 0.8, np.float32),
+                                             {}, op="clip_by_max_step")
+  poisoned = positions.copy()
+  poisoned[5, 1], poisoned[3000, 0] = np.nan, np.inf
+  yield "segments-nan-zero", lambda: _per_system([poisoned, cell], ids, thresholds,
+                                                 {"nonfinite": "zero"})
+  yield "segments-nan-propagate", lambda: _per_system([poisoned, cell], ids, thresholds, {})
+  # Every system's rows on every device: each block straddles, its elements travel, and a
+  # device's part of the round needs several passes of the chunk loop.
+  yield "segments-interleaved", lambda: _per_system(
+      [f32(40000, 3)], [rng.integers(0, k, 40000).astype(np.int32)], thresholds, {})
+  yield "segments-uneven-and-empty-shards", lambda: _per_system(
+      [f32(10, 3), f32(2), f32(9001)],
+      [sorted_ids(10), sorted_ids(2), sorted_ids(9001)], thresholds, {}, constrain=True)
+  yield "segments-replicated", lambda: _per_system(
+      [positions, cell], ids, thresholds, {}, specs=[ROWS, P()])
+  # Four systems of 16 rows of four halves: each norm is 4 exactly, each step norm 1.
+  halves, tie_ids = np.full((64, 4), 0.5, np.float32), np.repeat(np.arange(4), 16)
+  tie_ids = tie_ids.astype(np.int32)
+  yield "segments-tie-kept", lambda: _per_system([halves], [tie_ids],
+                                                 np.full(4, 4.0, np.float32), {})
+  yield "segments-tie-clipped", lambda: _per_system(
+      [halves], [tie_ids], np.full(4, np.nextafter(4.0, 0.0)), {})
+  yield "segments-tie-step", lambda: _per_system([halves], [tie_ids], np.ones(4, np.float32),
+                                                 {}, op="clip_by_max_step")
+  with jax.enable_x64(True):
+    wide, wide_cell = positions.astype(np.float64), cell.astype(np.float64)
+  yield "segments-float64", lambda: _with_x64(lambda: _per_system(
+      [wide, wide_cell], ids, thresholds.astype(np.float64), {}))
+  yield "segments-grad", lambda: _grad_per_system([positions, cell], ids, thresholds)
+  out_of_range = sorted_ids(4000)
+  out_of_range[3999] = k
+  yield "segments-out-of-range", lambda: _refused([positions], [out_of_range], thresholds)
 
 
 def _with_x64(run):
@@ -138,6 +248,18 @@ def _grad(host):
   want = jax.grad(loss)([jnp.asarray(x) for x in host])
   got = jax.jit(jax.grad(loss))([_put(x, ROWS) for x in host])
   return {"outputs": _same(got, want), "norms": True, "counts": {}}
+
+
+def _grad_per_system(host, ids, threshold):
+  """The gradient through a sharded per-system call (its primal through the rule)."""
+  k = int(np.size(threshold))
+  loss = lambda xs, gs: sum(jnp.sum(o * o) for o in api.clip_by_global_norm(
+      xs, threshold, segments=gs, num_systems=k)[0])
+  want = jax.grad(loss)([jnp.asarray(x) for x in host], [jnp.asarray(g) for g in ids])
+  (got, counts, passes) = _counted(lambda: jax.block_until_ready(jax.jit(jax.grad(loss))(
+      [_put(x, ROWS) for x in host], [_put(g, ROWS) for g in ids])))
+  return {"outputs": _same(got, want), "norms": True, "counts": counts, "passes": passes,
+          "left_on_host": partitioned_segments.executions_under_way()}
 
 
 def main() -> int:

@@ -24,10 +24,14 @@ from clipbench.impls.own.jax import api  # noqa: E402
 
 # W1-like: 2-D leaves of several sizes (one system); per-system: 3-vector and 1-D leaves whose
 # sorted segments put systems across shard boundaries. Every shard of every array holds at
-# least 16 KB, far more than any per-system vector (16 systems) or an exchange of a few
-# flagged systems' exact partials.
+# least 32 KB (64 KB per-system), far more than any per-system vector (16 systems) or an
+# exchange of a few flagged systems' exact partials. The FFI route's per-system rounds carry,
+# per leaf and shard boundary, the elements of one sub-block (1 KB of float32) and the
+# sub-block sums of the block across it, in a chunk rounded up to 4 KiB
+# (``partitioned_segments.chunk_bytes``): 8 KiB a device here, whatever the shard's size, so
+# the all-gather of every device's chunk (32 KiB) stays apart from a shard's size.
 W1_SHAPES = ((1024, 64), (512, 96), (2048, 16), (256, 128))
-PER_SYSTEM_SHAPES = ((16384, 3), (32768,))
+PER_SYSTEM_SHAPES = ((65536, 3), (131072,))
 # float64 leaves, one system: every shard holds more than the near-tie loop's all-reduce of
 # float64 limb sums (2046 exponents x 5 limbs x 8 bytes, a constant of the call); one leaf's
 # elements are not a multiple of 1,024 (the wide pass's block rows: docs/sharding.md).

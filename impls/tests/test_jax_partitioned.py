@@ -35,7 +35,29 @@ EXPECTED = {
     # Batched: the whole call (custom partitioning has no batching rule). Differentiated: the
     # primal through the rule; counted by neither.
     "vmap": {}, "grad": {},
+    # Per-system calls (``partitioned_segments``): the same rounds, each streamed.
+    "segments-p2": ONE_ROUND, "segments-p1": ONE_ROUND, "segments-p2.5": ONE_ROUND,
+    "segments-pinf": ONE_ROUND, "segments-p8-two-rounds": TWO_ROUNDS,
+    "segments-step": ONE_ROUND, "segments-nan-zero": ONE_ROUND,
+    "segments-nan-propagate": ONE_ROUND, "segments-interleaved": ONE_ROUND,
+    "segments-uneven-and-empty-shards": ONE_ROUND, "segments-replicated": ONE_ROUND,
+    "segments-tie-kept": TIE, "segments-tie-clipped": TIE, "segments-tie-step": TIE,
+    "segments-float64": TWO_ROUNDS, "segments-grad": ONE_ROUND,
+    # Refused on every device before any round.
+    "segments-out-of-range": {"rounds": 0, "ties": 0, "finished": 0},
 }
+# Passes of the chunk loop per device and round: one where each system's rows lie in one run
+# per leaf (the chunk is sized for that layout); interleaved systems send their elements.
+ONE_PASS_A_ROUND = {case for case in EXPECTED if case.startswith("segments-")} - {
+    "segments-interleaved", "segments-out-of-range"}
+
+
+# Found here, not caused by the partitioning rule: the unsharded call fails the same way.
+GRAD_WITH_SEGMENTS = ("jax.grad through a per-system call raises TypeError (lax.scatter of "
+                      "float32 and float64): the custom JVP (impls/own/jax/gradient.py) gathers "
+                      "a float64 tangent per system to the rows under jax.enable_x64, and its "
+                      "transpose, built after that context has closed, scatters into float32 "
+                      "zeros")
 
 
 @functools.cache
@@ -44,7 +66,9 @@ def child_rows() -> dict[str, dict]:
   return {row["case"]: row for row in rows}
 
 
-@pytest.mark.parametrize("case", sorted(EXPECTED))
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=GRAD_WITH_SEGMENTS))
+    if case == "segments-grad" else case for case in sorted(EXPECTED)])
 def test_partitioned_call_gives_the_unsharded_bits(case):
   row = child_rows().get(case)
   assert row is not None, f"{CHILD} printed no row for {case}"
@@ -52,6 +76,24 @@ def test_partitioned_call_gives_the_unsharded_bits(case):
   assert row["outputs"] and row["norms"], row
   assert row["counts"] == EXPECTED[case], (
       f"{case}: custom calls {row['counts']}, expected {EXPECTED[case]}")
+
+
+@pytest.mark.parametrize("case", sorted(c for c in EXPECTED if c.startswith("segments-")
+                                         and c != "segments-grad"))
+def test_per_system_rounds_stream_in_chunks(case):
+  """A round of a per-system call takes one pass of the chunk loop per device where each
+  system's rows lie in one run per leaf, several where the systems are interleaved (their
+  elements travel), none where the call is refused; no execution's state stays on the host."""
+  row = child_rows()[case]
+  counts = EXPECTED[case]
+  rounds = (counts["rounds"] + counts["ties"]) // DEVICES * DEVICES
+  if case in ONE_PASS_A_ROUND:
+    assert row["passes"] == rounds, row
+  elif case == "segments-interleaved":
+    assert row["passes"] > rounds, row
+  else:
+    assert row["passes"] == 0, row
+  assert row["left_on_host"] == 0, row
 
 
 def test_every_case_of_the_child_is_expected():

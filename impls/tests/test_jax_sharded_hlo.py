@@ -13,7 +13,9 @@ The FFI (numba) route passes without segments, for each kind of exchange that se
 results (its partitioning rule, ``impls/own/jax/partitioned.py``: one all-gather of block
 results, one of exact partials under the near-tie ``lax.cond``): power sums split into
 sub-blocks (p = 2, and in zero mode), maxima merged (p = inf), maxima then double-double
-sums split into sub-blocks (p = 8), max-step. The graph route passes for p = 1, 2 (zero mode
+sums split into sub-blocks (p = 8), max-step; and with segments (per-system p = 2 and
+max-step, ``partitioned_segments.py``: an all-gather of per-system row counts, then each
+round's chunks in a loop). The graph route passes for p = 1, 2 (zero mode
 too) with and without segments, and for max-step: its near-ties are settled from exact
 integer limb sums the device all-reduces (``exact_fallback.exact_limb_sums``), and max-step's
 from the element bits of one chosen vector per system and round (``step_ties``); for p =
@@ -43,9 +45,6 @@ TIE_GATHERS = ("the graph route's near-tie fallback for p other than 1, 2 "
                "under lax.cond, and the partitioned program all-gathers them for it (integer p "
                "from limb sums on the device was tried and cost too much compile time and "
                "memory in every program: docs/sharding.md; issue 32, part 2)")
-FFI_SEGMENTS_GATHER = ("the FFI (numba) route's partitioning rule covers calls without segments "
-                       "only: with ids the block layout, and so an exchange buffer's size, "
-                       "depends on their values (impls/own/jax/partitioned.py; issue 32)")
 
 WIDE_COLUMNS_MOVE = ("the graph route's float64 pass reads one system's leaves as a few "
                      "blocks, each leaf's elements in flat order (systems.dtype_blocks: a "
@@ -94,10 +93,8 @@ CASES = [
     pytest.param("ffi", "clip_grad_norm-float64-pmin"),
     pytest.param("ffi", "clip_grad_norm-columns",
                  marks=pytest.mark.xfail(strict=True, reason=FFI_COLUMNS_GATHER)),
-    pytest.param("ffi", "clip_by_global_norm",
-                 marks=pytest.mark.xfail(strict=True, reason=FFI_SEGMENTS_GATHER)),
-    pytest.param("ffi", "clip_by_max_step",
-                 marks=pytest.mark.xfail(strict=True, reason=FFI_SEGMENTS_GATHER)),
+    pytest.param("ffi", "clip_by_global_norm"),
+    pytest.param("ffi", "clip_by_max_step"),
 ]
 
 @functools.cache

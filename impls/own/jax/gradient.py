@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from clipbench.impls.own import decision
-from clipbench.impls.own.jax import partitioned
+from clipbench.impls.own.jax import partitioned, partitioned_segments
 from clipbench.impls.own.jax.config import Config
 from clipbench.impls.own.jax.formats import pow2
 from clipbench.impls.own.jax.forward import forward
@@ -26,8 +26,9 @@ from clipbench.impls.own.jax.systems import Systems, rows
 def clip(cfg: Config, leaves, segs, counts, threshold):
   """(outputs, norms) of the operation ``cfg`` describes."""
   if cfg.host:
-    return partitioned.traced(cfg.api_op, cfg.p, cfg.nonfinite, cfg.num_systems, leaves,
-                             segs, threshold)
+    route = partitioned if segs is None else partitioned_segments
+    return route.traced(cfg.api_op, cfg.p, cfg.nonfinite, cfg.num_systems, leaves,
+                       segs, threshold)
   result = forward(cfg, leaves, segs, counts, threshold)
   return result.outs, result.norms
 

@@ -12,10 +12,11 @@ killed long relaxations whose batch shrinks as systems converge. On this route:
 * a traced call becomes one custom call whose results XLA allocates and the kernels fill
   (:mod:`.xla_ffi`), so inside a user's ``jax.jit`` clipping costs what the kernels cost;
 * the bits are the numba kernels' (exact decisions, batch-invariant by their fixed block
-  order), the same whether the call is traced or not. A sharded call without segments is
-  partitioned (:mod:`.partitioned`: each device clips its rows from exchanged block results);
-  elsewhere XLA's SPMD partitioner, which does not partition a custom call without a rule,
-  gathers the operands and every device runs the whole call. Either way sharded and unsharded
+  order), the same whether the call is traced or not. A sharded call is partitioned (each
+  device clips its rows from exchanged block results: :mod:`.partitioned` without segments,
+  :mod:`.partitioned_segments` with them); elsewhere XLA's SPMD partitioner, which does not
+  partition a custom call without a rule, gathers the operands and every device runs the
+  whole call. Either way sharded and unsharded
   calls give the same bits (SPEC rule 14).
 
 Other backends keep the XLA graph (:mod:`.forward`), which is also registered on the CPU as

@@ -23,18 +23,17 @@ Per device, the partitioned program is:
 The numba code runs as one ordinary call of the sharded route in each custom call: a call
 *replays* the rounds already gathered (its collective returns them, and the device's own part
 of them is not recomputed) and stops at the first round it has no data for, handing its own
-part of it to XLA (:class:`_Rounds`). Buffers are static, so their sizes come from the layout
-alone: :func:`clipbench.impls.own.numba.shard_plan.exchange_bytes` per pass, and a bound on the
-size of an exact partial for the tie round.
+part of it to XLA (:class:`ReplayedRounds`). Buffers are static, so their sizes come from the
+layout alone: :func:`clipbench.impls.own.numba.shard_plan.exchange_bytes` per pass, and a bound
+on the size of an exact partial for the tie round.
 
 Where it applies: global clipping (``clip_grad_norm``, and the per-system operations without
-segments: one system) for p an integer, +-inf, and max-step. Leaves whose rows are split over
+segments: one system) for p an integer, +-inf, and max-step. Calls with segments take
+:mod:`.partitioned_segments`, whose rounds, sized by the ids, are streamed in chunks. Leaves whose rows are split over
 one mesh axis (``P(axis, None, ...)``; uneven splits and empty shards included) keep their
 placement; other leaves are made whole on every device (XLA gathers them) and read as
 replicated. Still the whole call on every device (no rule, XLA gathers every operand):
 
-* segments (per-system calls): the block layout depends on the ids, so the buffers have no
-  static bound short of the rows;
 * a non-integer p: its exact tie test needs the flagged systems' elements;
 * ``jax.vmap`` (custom partitioning has no batching rule: the batched call is the whole one).
 """
@@ -136,6 +135,7 @@ class Counts:
     self.rounds = 0  # parts of a round before the decision
     self.ties = 0  # parts of a near-tie round
     self.finished = 0  # outputs written
+    self.passes = 0  # passes of a per-system call's chunk loop (:mod:`.partitioned_segments`)
 
   def add(self, what: str) -> None:
     with self._lock:
@@ -153,7 +153,7 @@ def _stage_key(stage: Stage) -> int:
     return len(_STAGES) - 1
 
 
-class _Recorded(Exception):
+class Recorded(Exception):
   """Raised out of the sharded route at the first exchange this call has no data for."""
 
   def __init__(self, payload: np.ndarray):
@@ -161,9 +161,9 @@ class _Recorded(Exception):
     self.payload = payload
 
 
-class _Rounds:
+class ReplayedRounds:
   """A :class:`clipbench.impls.own.numba.sharded.Collective` over rounds XLA gathered before
-  this custom call ran; the next one is recorded (:class:`_Recorded`) for XLA to gather."""
+  this custom call ran; the next one is recorded (:class:`Recorded`) for XLA to gather."""
 
   def __init__(self, rank: int, size: int, known: list[np.ndarray]):
     self.rank, self.size = rank, size
@@ -181,7 +181,7 @@ class _Rounds:
 
   def all_gather_bytes(self, payload: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     if not self.holds_next_round():
-      raise _Recorded(payload)
+      raise Recorded(payload)
     every = self._received()
     if [x.size for x in every] != list(sizes):
       raise RuntimeError(f"a replayed exchange holds {[x.size for x in every]} bytes per "
@@ -190,7 +190,7 @@ class _Rounds:
 
   def all_gather_objects(self, value: Any) -> list[Any]:
     if not self.holds_next_round():
-      raise _Recorded(np.frombuffer(pickle.dumps(value), np.uint8))
+      raise Recorded(np.frombuffer(pickle.dumps(value), np.uint8))
     return [pickle.loads(x.tobytes()) for x in self._received()]
 
 
@@ -221,13 +221,13 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   c = np.where(np.isnan(c) | (c < 0), 0.0, c).reshape(-1)[:1]  # one system
   known = [array_at(int(a), (stage.shards.counts.shape[0], n), np.dtype(np.uint8), True)
            for a, n in zip(args[4 + nl:], stage.known)]
-  rounds = _Rounds(rank, stage.shards.counts.shape[0], known)
+  rounds = ReplayedRounds(rank, stage.shards.counts.shape[0], known)
   run = functools.partial(sharded.run, leaves, stage.layout, c, NO_SEGMENTS, stage.shards,
                           rounds, spec.p, spec.nonfinite, step=spec.op == "clip_by_max_step")
   if not stage.finishes:
     try:
       run()
-    except _Recorded as recorded:
+    except Recorded as recorded:
       _write_round(int(rets[0]), stage.record, recorded.payload)
       COUNTS.add("rounds")
       return
@@ -239,7 +239,7 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   try:
     with writing_into(LeavesAt(rets[:nl], tuple(shapes), spec.leaf_dtypes, False)):
       _, norms = run()
-  except _Recorded as recorded:
+  except Recorded as recorded:
     need[...] = 1
     _write_round(int(rets[nl + 2]), stage.record, recorded.payload)
     COUNTS.add("ties")
@@ -314,10 +314,6 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   return mesh, lower, result_shardings, arg_shardings
 
 
-def _infer(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
-  return _partition(spec, mesh, arg_shapes, result_shape)[2]
-
-
 def _whole(spec: host_route.CallSpec, m, e, inf, *leaves):
   with jax.enable_x64(True):
     return host_route.whole_call(spec, leaves, None, m, e, inf)
@@ -331,14 +327,15 @@ def _rule(spec: host_route.CallSpec) -> str:
   return f"t, t, t, {dims} -> {dims}, s"
 
 
-@functools.cache
-def _partitioned(spec: host_route.CallSpec):
-  """The call of ``spec`` with its partitioning rule, and the whole call under ``jax.vmap``."""
-  whole = functools.partial(_whole, spec)
+def with_rule(whole, partition, rule: str):
+  """``whole`` (the whole call) with the partitioning rule ``partition`` and Shardy's
+  ``rule``, and the whole call under ``jax.vmap`` (custom partitioning has no batching rule).
+  ``partition(mesh, arg_shapes, result_shape)`` returns the mesh, the per-device program, the
+  result shardings and the argument shardings."""
   call = custom_partitioning(whole)
-  call.def_partition(partition=functools.partial(_partition, spec),
-                     infer_sharding_from_operands=functools.partial(_infer, spec),
-                     propagate_user_sharding=None, sharding_rule=_rule(spec))
+  call.def_partition(partition=partition,
+                     infer_sharding_from_operands=lambda *a: partition(*a)[2],
+                     propagate_user_sharding=None, sharding_rule=rule)
 
   @jax.custom_batching.custom_vmap
   def batchable(m, e, inf, *leaves):
@@ -352,6 +349,13 @@ def _partitioned(spec: host_route.CallSpec):
     return out, jax.tree.map(lambda _: True, out)
 
   return batchable
+
+
+@functools.cache
+def _partitioned(spec: host_route.CallSpec):
+  """The call of ``spec`` with its partitioning rule."""
+  return with_rule(functools.partial(_whole, spec), functools.partial(_partition, spec),
+                   _rule(spec))
 
 
 def traced(op: str, p: float, nonfinite: str, num_systems: int, leaves, segments,
