@@ -15,10 +15,11 @@ for interleaved systems or many near-ties.
 Per device, the partitioned program is:
 
 1. a custom call that checks the device's ids (in range) and counts its rows of each system
-   in each leaf; that int32 (leaves, systems) table, headed by where an id is out of range, is
-   all-gathered (4 bytes per leaf and system): every device then knows the call's
-   :class:`~clipbench.impls.own.numba.shard_plan.ShardLayout`, and an id out of range on one
-   device raises the unsharded call's ``ValueError`` on every device;
+   in each leaf, over the span of systems it holds in that leaf (int32, headed by where an id
+   is out of range); that table is streamed as the rounds below are (4 bytes per leaf and
+   system of the span: an even share of the systems for sorted ids). Every device then knows
+   the call's :class:`~clipbench.impls.own.numba.shard_plan.ShardLayout`, and an id out of
+   range on one device raises the unsharded call's ``ValueError`` on every device;
 2. per round before the decision (one; two for float64 leaves or p > 6): a custom call that
    runs the device's part of the call up to that round (the earlier rounds replayed from what
    the device received, as :class:`.partitioned.ReplayedRounds` does) and hands the first
@@ -77,21 +78,18 @@ class Plan(NamedTuple):
   held: np.ndarray  # int64 (ranks, leaves): rows each device holds
   local_shapes: tuple  # each leaf's buffer on a device (uneven splits padded)
   rounds: int  # exchanges before the decision
-  chunk: int  # bytes of a device's part per pass of the loop
+  chunk: int  # bytes of a device's part of a round per pass of the loop
+  table_chunk: int  # the same for the tables of row counts
 
   @property
   def ranks(self) -> int:
     return self.held.shape[0]
 
-  @property
-  def table_bytes(self) -> int:
-    return _TABLE_HEADER + 4 * len(self.spec.leaf_shapes) * self.spec.num_systems
-
 
 class Stage(NamedTuple):
   plan: Plan
   kind: str  # "begin", "round", "feed", "finish", "settle"
-  first: bool = False  # a round whose dependency operand is the gathered table
+  first: bool = False  # the first round: the tables have arrived before it
 
 
 def chunk_bytes(spec: host_route.CallSpec, local_shapes: tuple, split: np.ndarray,
@@ -113,11 +111,23 @@ def chunk_bytes(spec: host_route.CallSpec, local_shapes: tuple, split: np.ndarra
   return int(min(max(-(-total // 4096) * 4096, MIN_CHUNK), MAX_CHUNK))
 
 
+def table_chunk_bytes(spec: host_route.CallSpec, split: np.ndarray, ranks: int) -> int:
+  """A pass's chunk of the tables: a device's table when each system's rows lie in one run
+  per leaf (a share of the systems per split leaf, with an eighth more for systems of unequal
+  sizes, every system per whole leaf), rounded up to 4 KiB, within [``MIN_CHUNK``,
+  ``MAX_CHUNK``]."""
+  share = -(-spec.num_systems // ranks)
+  spans = sum(share + share // 8 + 2 if cut else spec.num_systems for cut in split)
+  total = _TABLE_HEADER + 16 * len(split) + 4 * spans
+  return int(min(max(-(-total // 4096) * 4096, MIN_CHUNK), MAX_CHUNK))
+
+
 class _Execution:
   """One device's part of one execution of a partitioned call, between its custom calls."""
 
   def __init__(self, plan: Plan, rank: int):
     self.plan, self.rank = plan, rank
+    self.chunk = plan.table_chunk  # the stream under way's chunk
     self.shards: shard_plan.ShardLayout | None = None
     self.segments: tuple | None = None  # (id addresses, CheckedSegments of the held rows)
     self.rounds: list[list[np.ndarray]] = []  # every device's part of each finished round
@@ -125,12 +135,12 @@ class _Execution:
     self.sent = 0
     self.incoming: list[bytearray] = []
 
-  def start_round(self, payload: np.ndarray) -> None:
-    self.outgoing, self.sent = payload, 0
+  def start_round(self, payload: np.ndarray, chunk: int) -> None:
+    self.outgoing, self.sent, self.chunk = payload, 0, chunk
     self.incoming = [bytearray() for _ in range(self.plan.ranks)]
 
   def write_chunk(self, address: int) -> None:
-    size = self.plan.chunk
+    size = self.chunk
     out = array_at(address, (size + _CHUNK_HEADER,), np.dtype(np.uint8), False)
     piece = self.outgoing[self.sent:self.sent + size]
     out[:_CHUNK_HEADER] = np.array([self.outgoing.size, self.sent], np.int64).view(np.uint8)
@@ -145,7 +155,7 @@ class _Execution:
     for g, ((total, offset), got) in enumerate(zip(heads, self.incoming)):
       if offset != len(got):
         raise RuntimeError(f"device {g}'s chunk starts at byte {offset}, {len(got)} arrived")
-      n = max(0, min(self.plan.chunk, int(total) - int(offset)))
+      n = max(0, min(self.chunk, int(total) - int(offset)))
       got.extend(rows[g, _CHUNK_HEADER:_CHUNK_HEADER + n].tobytes())
       more |= len(got) < total
     if not more:
@@ -181,37 +191,50 @@ def _local_ids(plan: Plan, rank: int, addresses) -> list[np.ndarray]:
 
 
 def _begin(plan: Plan, args: np.ndarray, rets: np.ndarray) -> None:
+  """The device's table (its part of the first streamed exchange) and its first chunk."""
   rank = _scalar(args[0], np.int32)
   nl, k = len(plan.spec.leaf_shapes), plan.spec.num_systems
-  table = array_at(int(rets[1]), (plan.table_bytes,), np.dtype(np.uint8), False)
   head = np.array([-1, 0, 0], np.int64)
-  counts = np.zeros((nl, k), np.int32)
+  spans = np.zeros((nl, 2), np.int64)  # per leaf: first system of the span, its length
+  counts = []
   for i, ids in enumerate(_local_ids(plan, rank, args[1:1 + nl])):
     if ids.size:
       lo, hi = int(ids.min()), int(ids.max())
       if lo < 0 or hi >= k:
         head[:] = (i, lo, hi)
+        spans[:] = 0
+        counts = []
         break
-      counts[i] = np.bincount(ids, minlength=k)
-  table[:_TABLE_HEADER] = head.view(np.uint8)
-  table[_TABLE_HEADER:] = counts.reshape(-1).view(np.uint8)
+      spans[i] = (lo, hi - lo + 1)
+      counts.append(np.bincount(ids - lo, minlength=hi - lo + 1).astype(np.int32))
   number = next(_NUMBERS)
+  ex = _Execution(plan, rank)
   with _LOCK:
-    _EXECUTIONS[number] = _Execution(plan, rank)
+    _EXECUTIONS[number] = ex
   array_at(int(rets[0]), (), np.dtype(np.int64), False)[...] = number
+  ex.start_round(np.concatenate([head.view(np.uint8), spans.reshape(-1).view(np.uint8)]
+                                + [c.view(np.uint8) for c in counts]), plan.table_chunk)
+  ex.write_chunk(int(rets[1]))
 
 
-def _shard_layout(plan: Plan, tables: np.ndarray) -> shard_plan.ShardLayout:
+def _shard_layout(plan: Plan, tables: list[np.ndarray]) -> shard_plan.ShardLayout:
   """The call's layout from every device's table; an id out of range on any device raises
   the unsharded call's error (the lowest leaf's, from the first such device) on every one."""
   nl, k = len(plan.spec.leaf_shapes), plan.spec.num_systems
-  heads = tables[:, :_TABLE_HEADER].copy().view(np.int64)
+  heads = [t[:_TABLE_HEADER].copy().view(np.int64) for t in tables]
   for leaf, lo, hi in heads:
     if leaf >= 0:
       validation.check_segment_range(int(leaf), int(lo), int(hi), k)
-  counts = tables[:, _TABLE_HEADER:].copy().view(np.int32).reshape(plan.ranks, nl, k)
+  counts = np.zeros((plan.ranks, nl, k), np.int64)
+  for g, table in enumerate(tables):
+    spans = table[_TABLE_HEADER:_TABLE_HEADER + 16 * nl].copy().view(np.int64).reshape(nl, 2)
+    every = table[_TABLE_HEADER + 16 * nl:].copy().view(np.int32)
+    cursor = 0
+    for i, (first, length) in enumerate(spans):
+      counts[g, i, first:first + length] = every[cursor:cursor + length]
+      cursor += int(length)
   order = np.tile(np.arange(plan.ranks, dtype=np.int64), (nl, 1))
-  return shard_plan.ShardLayout(counts.astype(np.int64), order, ~plan.split)
+  return shard_plan.ShardLayout(counts, order, ~plan.split)
 
 
 def _run(ex: _Execution, args: np.ndarray):
@@ -245,14 +268,12 @@ class _Arrived(partitioned.ReplayedRounds):
 
 def _round(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) -> None:
   if stage.first:
-    tables = array_at(int(args[-1]), (stage.plan.ranks, stage.plan.table_bytes),
-                      np.dtype(np.uint8), True)
-    ex.shards = _shard_layout(stage.plan, tables)
+    ex.shards = _shard_layout(stage.plan, ex.rounds.pop(0))
   _, run = _run(ex, args)
   try:
     run()
   except partitioned.Recorded as recorded:
-    ex.start_round(recorded.payload)
+    ex.start_round(recorded.payload, stage.plan.chunk)
     ex.write_chunk(int(rets[0]))
     partitioned.COUNTS.add("rounds")
     return
@@ -260,7 +281,7 @@ def _round(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) -> 
 
 
 def _feed(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) -> None:
-  rows = array_at(int(args[2]), (stage.plan.ranks, stage.plan.chunk + _CHUNK_HEADER),
+  rows = array_at(int(args[2]), (stage.plan.ranks, ex.chunk + _CHUNK_HEADER),
                   np.dtype(np.uint8), True)
   more = ex.receive(rows)
   ex.write_chunk(int(rets[0]))
@@ -282,7 +303,7 @@ def _finish(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) ->
     if stage.kind == "settle":
       raise RuntimeError("a near-tie round was replayed and another one began") from None
     array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)[...] = 1
-    ex.start_round(recorded.payload)
+    ex.start_round(recorded.payload, stage.plan.chunk)
     ex.write_chunk(int(rets[nl + 2]))
     partitioned.COUNTS.add("ties")
     return False
@@ -290,7 +311,7 @@ def _finish(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) ->
       np.asarray(norms).reshape(-1))
   if stage.kind == "finish":
     array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)[...] = 0
-    ex.start_round(np.zeros(0, np.uint8))
+    ex.start_round(np.zeros(0, np.uint8), stage.plan.chunk)
     ex.write_chunk(int(rets[nl + 2]))
   partitioned.COUNTS.add("finished")
   return True
@@ -328,6 +349,7 @@ def _lower(plan: Plan, axis: str):
   u8 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.uint8)
   flag = jax.ShapeDtypeStruct((), jnp.int32)
   chunk = u8(plan.chunk + _CHUNK_HEADER)
+  table_chunk = u8(plan.table_chunk + _CHUNK_HEADER)
   outs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(plan.local_shapes, spec.leaf_dtypes)]
   norms = jax.ShapeDtypeStruct((spec.num_systems,), spec.norms_dtype)
 
@@ -339,18 +361,19 @@ def _lower(plan: Plan, axis: str):
     leaves, ids = operands[:nl], operands[nl:]
     with jax.enable_x64(True):
       rank = lax.axis_index(axis).astype(jnp.int32)
-      number, table = call("begin", [jax.ShapeDtypeStruct((), jnp.int64),
-                                     u8(plan.table_bytes)], rank, *ids)
+      number, table = call("begin", [jax.ShapeDtypeStruct((), jnp.int64), table_chunk], rank,
+                           *ids)
       call_operands = (rank, number, *leaves, *ids, m, e, inf)
 
       def stream(part):
         def one_pass(carry):
           every = lax.all_gather(carry[0], axis)
-          return tuple(call("feed", [chunk, flag], rank, number, every))
+          return tuple(call("feed", [jax.ShapeDtypeStruct(part.shape, jnp.uint8), flag], rank,
+                            number, every))
         return lax.while_loop(lambda carry: carry[1] != 0, one_pass,
                               (part, jnp.ones((), jnp.int32)))[0]
 
-      arrived = lax.all_gather(table, axis)
+      arrived = stream(table)
       for r in range(plan.rounds):
         (part,) = call("round", [chunk], *call_operands, arrived, first=r == 0)
         arrived = stream(part)
@@ -391,7 +414,8 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
                        for s, cut in zip(spec.leaf_shapes, split))
   plan = Plan(spec, leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes)), split,
               held, local_shapes, len(partitioned.exchanges(spec)),
-              chunk_bytes(spec, local_shapes, split, ranks))
+              chunk_bytes(spec, local_shapes, split, ranks),
+              table_chunk_bytes(spec, split, ranks))
   return mesh, _lower(plan, axis), result_shardings, arg_shardings
 
 
