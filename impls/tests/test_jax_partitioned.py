@@ -52,23 +52,13 @@ ONE_PASS_A_ROUND = {case for case in EXPECTED if case.startswith("segments-")} -
     "segments-interleaved", "segments-out-of-range"}
 
 
-# Found here, not caused by the partitioning rule: the unsharded call fails the same way.
-GRAD_WITH_SEGMENTS = ("jax.grad through a per-system call raises TypeError (lax.scatter of "
-                      "float32 and float64): the custom JVP (impls/own/jax/gradient.py) gathers "
-                      "a float64 tangent per system to the rows under jax.enable_x64, and its "
-                      "transpose, built after that context has closed, scatters into float32 "
-                      "zeros")
-
-
 @functools.cache
 def child_rows() -> dict[str, dict]:
   rows = children.child_rows(CHILD, timeout_s=600)
   return {row["case"]: row for row in rows}
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=GRAD_WITH_SEGMENTS))
-    if case == "segments-grad" else case for case in sorted(EXPECTED)])
+@pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_partitioned_call_gives_the_unsharded_bits(case):
   row = child_rows().get(case)
   assert row is not None, f"{CHILD} printed no row for {case}"
@@ -78,8 +68,7 @@ def test_partitioned_call_gives_the_unsharded_bits(case):
       f"{case}: custom calls {row['counts']}, expected {EXPECTED[case]}")
 
 
-@pytest.mark.parametrize("case", sorted(c for c in EXPECTED if c.startswith("segments-")
-                                         and c != "segments-grad"))
+@pytest.mark.parametrize("case", sorted(c for c in EXPECTED if c.startswith("segments-")))
 def test_per_system_rounds_stream_in_chunks(case):
   """The tables of row counts and each round of a per-system call take one pass of the chunk
   loop per device where each system's rows lie in one run per leaf, several where the systems

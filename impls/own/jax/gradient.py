@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import linear_call
 
 from clipbench.impls.own import decision
 from clipbench.impls.own.jax import partitioned, partitioned_segments
@@ -58,37 +59,60 @@ def _relative_norm_change(cfg: Config, systems: Systems, leaves, t_leaves, clipp
 @clip.defjvp
 def _clip_jvp(cfg: Config, primals, tangents):
   leaves, segs, counts, threshold = primals
-  t_leaves = tangents[0]
   # The tangent's coefficients come from the graph's decisions (the same exact decisions as
   # the kernels'; XLA drops the graph's own outputs when the host route gives the primal).
   result = forward(cfg, leaves, segs, counts, threshold)
   primal = clip(cfg, leaves, segs, counts, threshold) if cfg.host else (result.outs,
                                                                          result.norms)
   action, s_m, s_e = result.decided
-  systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts, cfg.may_be_sharded)
-  clipped = action == decision.SCALE
-  s_val = jnp.where(clipped, s_m * pow2(s_e), 0.0)
-  exact_p = cfg.op != "step" and not math.isinf(cfg.p)
-  if exact_p:
-    k_sys = result.stats.sc_e - 1  # terms were scaled by 2**k (exact power of two)
-    rel = _relative_norm_change(cfg, systems, leaves, t_leaves, clipped, k_sys)
-  t_outs = []
-  for i, (x, t) in enumerate(zip(leaves, t_leaves)):
-    xr = rows(x)
-    tr = rows(t)
-    n_rows = xr.shape[0]
-    keep_row = systems.per_row(action == decision.KEEP, i, n_rows)[:, None]
-    s_row = systems.per_row(s_val, i, n_rows)[:, None]
-    scaled = tr.astype(jnp.float64) * s_row
-    if exact_p:
-      rel_row = systems.per_row(rel, i, n_rows)[:, None]
-      x_safe = jnp.where(jnp.isfinite(xr), xr.astype(jnp.float64), 0.0)
-      scaled = scaled - x_safe * (s_row * rel_row)
-    out = jnp.where(keep_row, tr, scaled.astype(t.dtype))
-    if cfg.zero_mode:
-      out = jnp.where(jnp.isfinite(xr), out, jnp.zeros_like(out))
-    t_outs.append(out.reshape(x.shape))
+  s_val = jnp.where(action == decision.SCALE, s_m * pow2(s_e), 0.0)
+  k_sys = result.stats.sc_e - 1  # terms were scaled by 2**k (exact power of two)
+  residuals = (tuple(leaves), segs, counts, action, s_val, k_sys)
+  # The tangent is float64 arithmetic, taken under the call's jax.enable_x64. jax.grad
+  # transposes it after that context has closed, where JAX's own transposes make float32
+  # zeros for float64 cotangents (a per-system gather's did: TypeError); so the transpose is
+  # taken here, under x64 too.
+  t_outs = linear_call(functools.partial(_tangent, cfg), functools.partial(_transposed, cfg),
+                       residuals, tuple(tangents[0]))
   return primal, (tuple(t_outs), jnp.zeros_like(primal[1]))
+
+
+def _tangent(cfg: Config, residuals, t_leaves):
+  """The outputs' tangent, linear in ``t_leaves``: the identity where a system is kept, the
+  derivative of ``x c / n(x)`` where it is clipped."""
+  leaves, segs, counts, action, s_val, k_sys = residuals
+  with jax.enable_x64(True):
+    systems = Systems(segs, cfg.num_systems, cfg.sorted_flags, counts, cfg.may_be_sharded)
+    exact_p = cfg.op != "step" and not math.isinf(cfg.p)
+    if exact_p:
+      rel = _relative_norm_change(cfg, systems, leaves, t_leaves, action == decision.SCALE,
+                                  k_sys)
+    t_outs = []
+    for i, (x, t) in enumerate(zip(leaves, t_leaves)):
+      xr = rows(x)
+      tr = rows(t)
+      n_rows = xr.shape[0]
+      keep_row = systems.per_row(action == decision.KEEP, i, n_rows)[:, None]
+      s_row = systems.per_row(s_val, i, n_rows)[:, None]
+      scaled = tr.astype(jnp.float64) * s_row
+      if exact_p:
+        rel_row = systems.per_row(rel, i, n_rows)[:, None]
+        x_safe = jnp.where(jnp.isfinite(xr), xr.astype(jnp.float64), 0.0)
+        scaled = scaled - x_safe * (s_row * rel_row)
+      out = jnp.where(keep_row, tr, scaled.astype(t.dtype))
+      if cfg.zero_mode:
+        out = jnp.where(jnp.isfinite(xr), out, jnp.zeros_like(out))
+      t_outs.append(out.reshape(x.shape))
+    return tuple(t_outs)
+
+
+def _transposed(cfg: Config, residuals, cotangents):
+  """The transpose of :func:`_tangent` (reverse mode), taken under x64."""
+  with jax.enable_x64(True):
+    examples = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in residuals[0])
+    (t_leaves,) = jax.linear_transpose(functools.partial(_tangent, cfg, residuals),
+                                       examples)(tuple(cotangents))
+    return tuple(t_leaves)
 
 
 clip_jit = jax.jit(clip, static_argnums=(0,))
