@@ -12,7 +12,9 @@ a user has it:
 * it is the transpose of the JVP: ``<w, J v>`` from ``jax.jvp`` equals ``<J^T w, v>`` from
   ``jax.vjp`` for random v, w (a transpose of the wrong linear map fails this);
 * one system given as segments has the gradient of the call without segments (which brings
-  the value to the rows by a broadcast, never affected), bit for bit.
+  the value to the rows by a broadcast, never affected), bit for bit;
+* ``jax.vmap`` of ``jax.grad`` without segments still batches (``linear_call``, used with
+  segments, has no batching rule).
 """
 
 from __future__ import annotations
@@ -80,3 +82,17 @@ def test_one_system_as_segments_has_the_gradient_without_segments(route):
   without = jax.grad(loss)(leaves, None)
   for a, b in zip(with_ids, without):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_vmap_of_grad_without_segments_gives_each_slice_its_gradient(route):
+  """The transpose under x64 is for calls with segments only: without them the tangent stays
+  plain JAX operations, which ``jax.vmap`` batches (``linear_call`` has no batching rule)."""
+  batch = jnp.asarray(np.random.default_rng(9).standard_normal((3, 40, 3)).astype(np.float32))
+
+  def loss(x):
+    return jnp.sum(api.clip_grad_norm([x], 1.0, route=route)[0][0] ** 2)
+
+  batched = jax.vmap(jax.grad(loss))(batch)
+  for i in range(batch.shape[0]):
+    assert np.asarray(batched[i]).tobytes() == np.asarray(jax.grad(loss)(batch[i])).tobytes()

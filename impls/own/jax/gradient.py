@@ -68,12 +68,16 @@ def _clip_jvp(cfg: Config, primals, tangents):
   s_val = jnp.where(action == decision.SCALE, s_m * pow2(s_e), 0.0)
   k_sys = result.stats.sc_e - 1  # terms were scaled by 2**k (exact power of two)
   residuals = (tuple(leaves), segs, counts, action, s_val, k_sys)
-  # The tangent is float64 arithmetic, taken under the call's jax.enable_x64. jax.grad
-  # transposes it after that context has closed, where JAX's own transposes make float32
-  # zeros for float64 cotangents (a per-system gather's did: TypeError); so the transpose is
-  # taken here, under x64 too.
-  t_outs = linear_call(functools.partial(_tangent, cfg), functools.partial(_transposed, cfg),
-                       residuals, tuple(tangents[0]))
+  if segs is None:  # per-system values reach the rows by broadcasts, which JAX transposes
+    t_outs = _tangent(cfg, residuals, tuple(tangents[0]))
+  else:
+    # The tangent is float64 arithmetic, taken under the call's jax.enable_x64. jax.grad
+    # transposes it after that context has closed, where JAX's transpose of the per-system
+    # gather makes float32 zeros for a float64 cotangent (TypeError); so the transpose is
+    # taken here, under x64 too. linear_call has no batching rule: jax.vmap of jax.grad
+    # stays with the calls without segments.
+    t_outs = linear_call(functools.partial(_tangent, cfg),
+                         functools.partial(_transposed, cfg), residuals, tuple(tangents[0]))
   return primal, (tuple(t_outs), jnp.zeros_like(primal[1]))
 
 
