@@ -61,7 +61,7 @@ from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import shard_plan, sharded
 from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
 from clipbench.impls.own.numba.layout import BLOCK, SUB_BLOCK, LeafLayout, leaf_layout_of
-from clipbench.impls.own.numba.segments import CheckedSegments, checked_segments
+from clipbench.impls.own.numba.segments import checked_segments
 
 TARGET = "clipbench_numba_sharded_segments"
 _CHUNK_HEADER = 16  # int64 bytes of the device's whole part, int64 offset of this chunk
