@@ -28,11 +28,12 @@ layout alone: :func:`clipbench.impls.own.numba.shard_plan.exchange_bytes` per pa
 on the size of an exact partial for the tie round.
 
 Where it applies: global clipping (``clip_grad_norm``, and the per-system operations without
-segments: one system) for p an integer, +-inf, and max-step. Calls with segments take
-:mod:`.partitioned_segments`, whose rounds, sized by the ids, are streamed in chunks. Leaves whose rows are split over
-one mesh axis (``P(axis, None, ...)``; uneven splits and empty shards included) keep their
-placement; other leaves are made whole on every device (XLA gathers them) and read as
-replicated. Still the whole call on every device (no rule, XLA gathers every operand):
+segments: one system) for p an integer, +-inf, and max-step (calls with segments take
+:mod:`.partitioned_segments`, whose rounds, sized by the ids, are streamed in chunks). Leaves
+whose rows are split over one mesh axis (``P(axis, None, ...)``; uneven splits and empty
+shards included) keep their placement; other leaves are made whole on every device (XLA
+gathers them) and read as replicated. Still the whole call on every device (no rule, XLA
+gathers every operand):
 
 * a non-integer p: its exact tie test needs the flagged systems' elements;
 * ``jax.vmap`` (custom partitioning has no batching rule: the batched call is the whole one).
