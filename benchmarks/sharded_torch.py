@@ -1,6 +1,8 @@
 """Sharded clipping on torch.distributed (DTensor ``Shard(0)``, gloo, CPU): time, bytes, memory.
 
   python -m clipbench.benchmarks.sharded_torch [--scale 0.25] [--worlds 2 4] [--repeats 5]
+                                               [--dtype float64] [--workload W3-relax-large]
+                                               [--impl clipbench.torch.cuda-route]
 
 For W1 (``clip_grad_norm``, 200 leaves) and W3 (per-system ``clip_by_global_norm``, positions
 and cells with their segments), each rank holds ``Shard(0)`` of every leaf (and of the segment
@@ -50,6 +52,8 @@ from clipbench.benchmarks import workloads
 from clipbench.benchmarks.script_args import add_scale_and_repeats, check_scale_and_repeats
 
 WORKLOADS = ("W1-model", "W3-relax-large")
+IMPLS = ("clipbench.torch", "clipbench.torch.cuda-route", "clipbench.torch.gathering",
+         "torch.clip_grad_norm_", "torch.clip_grad_norm_.foreach")
 
 
 def _tensors(inputs: workloads.WorkloadInputs):
@@ -201,7 +205,7 @@ def _bytes_and_memory(fn, repeats: int, barrier) -> tuple[float, int]:
   return (_written() - start - barriers_only) / repeats, peak
 
 
-def _rank(rank: int, world: int, port: int, scale: float, repeats: int, out) -> None:
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
   # pylint: disable=import-outside-toplevel
   import torch.distributed as dist
   from torch.distributed.device_mesh import init_device_mesh
@@ -212,13 +216,16 @@ def _rank(rank: int, world: int, port: int, scale: float, repeats: int, out) -> 
   dist.init_process_group("gloo")
   mesh = init_device_mesh("cpu", (world,))
   shard = lambda t: distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)
-  for name in WORKLOADS:
-    inputs = workloads.get(name).build(scale)
+  scale, repeats = args.scale, args.repeats
+  for name in args.workload:
+    inputs = workloads.get(name).build(scale, args.dtype)
     leaves, segments = _tensors(inputs)
     leaves = [shard(x) for x in leaves]
     segments = None if segments is None else [shard(s) for s in segments]
     shard_bytes = sum(x.to_local().numel() * x.element_size() for x in leaves)
     for impl, fn in _calls(inputs, leaves, segments, distributed=True).items():
+      if args.impl and impl not in args.impl and impl != "torch.clip_grad_norm_":
+        continue  # torch's call stays: the ratios are to it
       seconds = _times(fn, repeats, dist.barrier)
       sent, peak = _bytes_and_memory(fn, repeats, dist.barrier)
       every = [None] * world
@@ -240,16 +247,23 @@ def main(argv: list[str] | None = None) -> int:
                         scale_help="workload scale (1.0: W1 16M elements, W3 20,000 systems)",
                         repeats_help="timed calls per point")
   parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+  parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                      help="the leaves' dtype (float64: the wide passes' exchanges)")
+  parser.add_argument("--workload", action="append", choices=WORKLOADS,
+                      help="a workload to run (repeatable; default: every one)")
+  parser.add_argument("--impl", action="append", choices=IMPLS,
+                      help="an implementation to run (repeatable; default: every one)")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
+  args.workload = args.workload or list(WORKLOADS)
   if any(w < 1 for w in args.worlds):
     parser.error(f"--worlds: expected positive integers, got {args.worlds}")
   import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
   print(f"{os.cpu_count()} CPU cores; torch {torch.__version__}; scale {args.scale:g}; "
-        f"{args.repeats} repeats; load average {os.getloadavg()[0]:.1f}")
+        f"{args.repeats} repeats; {args.dtype}; load average {os.getloadavg()[0]:.1f}")
   unsharded = {}
-  for name in WORKLOADS:
-    inputs = workloads.get(name).build(args.scale)
+  for name in args.workload:
+    inputs = workloads.get(name).build(args.scale, args.dtype)
     leaves, segments = _tensors(inputs)
     for impl in ("clipbench.torch", "clipbench.torch.cuda-route"):
       unsharded[name, impl] = _times(_own_call(inputs, [x.clone() for x in leaves], segments,
@@ -259,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'sent/call':>10} {'% shard':>8} {'peak MB':>8}")
   for world in args.worlds:
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_rank, args=(world, _free_port(), args.scale, args.repeats, queue), nprocs=world)
+    mp.spawn(_rank, args=(world, _free_port(), args, queue), nprocs=world)
     rows = []
     while not queue.empty():
       rows.append(queue.get())

@@ -16,6 +16,7 @@ partials. Prints one line per failed check and exits 1 when any failed.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -66,34 +67,97 @@ def failures() -> list[str]:
   return [f for f in found if f]
 
 
+def _many_systems_failures(mesh, gen) -> list[str]:
+  """Per-system calls of 1,500 systems (the exchanges reduced by owners), float32 and float64,
+  with ids sorted (each rank holds a run of systems, as a batched relaxation's atoms do) and
+  interleaved, thresholds at the systems' norms and half of them: the unsharded bits; with
+  sorted ids, a rank sends per exchange its folded slice's values and little more (the systems
+  that cross a shard boundary), where an all-gather of its values would send every system's."""
+  found: list[str] = []
+  ranks, K = dist.get_world_size(), 1500
+  atoms = torch.randint(1, 9, (K,), generator=gen)
+  for dtype in (torch.float32, torch.float64):
+    for order in ("sorted", "interleaved"):
+      ids = torch.repeat_interleave(torch.arange(K), atoms)
+      if order == "interleaved":
+        ids = ids[torch.randperm(ids.numel(), generator=gen)]
+      whole = [torch.randn(ids.numel(), 3, generator=gen).to(dtype),
+               torch.randn(K, 3, 3, generator=gen).to(dtype)]
+      segments = [ids, torch.arange(K)]
+      leaves = [distribute_tensor(x, mesh, [Shard(0)], src_data_rank=None) for x in whole]
+      placed = [distribute_tensor(s, mesh, [Shard(0)], src_data_rank=None) for s in segments]
+      for op, kw in (("clip_by_global_norm", {}),
+                     ("clip_by_global_norm", dict(norm_type=float("inf"))),
+                     ("clip_by_max_step", {})):
+        if dtype == torch.float64 and op == "clip_by_max_step":
+          continue  # the exact path for every system (above)
+        fn = getattr(eager, op)
+        _, norms = fn(whole, 1e30, segments=segments, num_systems=K, **kw)
+        threshold = norms.to(torch.float64) * torch.where(torch.arange(K) % 2 == 0, 1.0, 0.5)
+        # Two exchanges at most, each with a header (a count, at most 4 values a system and 2
+        # scalars) to each other rank. With sorted ids: this rank's folded slice (at most 4
+        # values a system), and the rows of the systems it holds that others own (equal
+        # slices of systems): an index and the values, 6 in all; else 4 values a system.
+        headers = 2 * (ranks - 1) * 7
+        bound = 8 * (headers + (4 * -(-K // ranks) + 6 * _held_elsewhere(placed, K)
+                                if order == "sorted" else 4 * K))
+        _check_call(f"CUDA route: {K} systems, {order} ids, {dtype}, {op} {kw}", fn,
+                    (leaves, threshold), (whole, threshold),
+                    dict(segments=placed, num_systems=K, **kw),
+                    dict(segments=segments, num_systems=K, **kw), found, lambda *_: bound)
+  return found
+
+
+def _held_elsewhere(placed_ids, systems: int) -> int:
+  """The systems this rank holds an element of outside its owner's slice (systems cut into
+  equal slices by rank)."""
+  me, ranks = dist.get_rank(), dist.get_world_size()
+  held = torch.unique(torch.cat([s.to_local().reshape(-1) for s in placed_ids]))
+  return int(((held < me * systems // ranks) | (held >= (me + 1) * systems // ranks)).sum())
+
+
 def _owners_exchange_failures() -> list[str]:
-  """The CUDA route's exchange of per-system values by owners (beyond two ranks, from 1,024
-  values), with a double-double field at an odd offset (one value before it, then 700): every
-  rank gets each field folded over the ranks in rank order, bit for bit as the all-gather
-  way folds them. Each rank draws every rank's values from the same seeds."""
+  """The CUDA route's exchange of per-system values by owners (from 1,024 per-system values):
+  a scalar, a sum, a double-double and a minimum field over 1,000 systems. Each rank holds a
+  run of systems (sorted ids: the runs overlap by a few systems) and a few scattered ones; its
+  other systems' rows are blank (sums of zero, a minimum of +inf, as a rank's of no element). Every rank gets each
+  field folded over the ranks in rank order, bit for bit as the all-gather way folds them,
+  and sends its touched systems' rows only, beside the all-gather of the folded slices. Each
+  rank draws every rank's values from the same seeds."""
   from clipbench.impls.own.torch import sharded_intervals  # pylint: disable=import-outside-toplevel
-  ranks = dist.get_world_size()
-  if ranks < 3:
-    return []
+  ranks, systems = dist.get_world_size(), 1000
 
-  def fields(rank: int) -> list[tuple[torch.Tensor, str]]:
+  def fields(rank: int) -> tuple[list[tuple[torch.Tensor, str]], torch.Tensor]:
     gen = torch.Generator().manual_seed(900 + rank)
-    hi = torch.rand(700, generator=gen, dtype=torch.float64) * 2.0 ** rank
-    lo = hi * torch.rand(700, generator=gen, dtype=torch.float64) * 2.0 ** -54
-    return [(torch.rand(1, generator=gen, dtype=torch.float64), "max"),
-            (torch.rand(700, generator=gen, dtype=torch.float64), "sum"),
-            (torch.stack([hi, lo], 1), "dd")]
+    touched = torch.zeros(systems, dtype=torch.bool)
+    touched[rank * systems // ranks - 3 if rank else 0:(rank + 1) * systems // ranks + 3] = True
+    touched[torch.randint(systems, (5,), generator=gen)] = True
+    hi = torch.rand(systems, generator=gen, dtype=torch.float64) * 2.0 ** rank * touched
+    lo = hi * torch.rand(systems, generator=gen, dtype=torch.float64) * 2.0 ** -54
+    sums = torch.rand(systems, generator=gen, dtype=torch.float64) * touched
+    smallest = torch.rand(systems, generator=gen, dtype=torch.float64).masked_fill(~touched,
+                                                                                   math.inf)
+    return [(torch.rand(1, generator=gen, dtype=torch.float64), "max"), (sums, "sum"),
+            (torch.stack([hi, lo], 1), "dd"), (smallest, "min")], touched
 
-  mine = fields(dist.get_rank())
-  if sum(t.numel() for t, _ in mine) < sharded_intervals.OWNERS_FROM:
+  mine, touched = fields(dist.get_rank())
+  per_system = sum(t.numel() for t, _ in mine if t.shape[0] == systems)
+  if per_system < sharded_intervals.OWNERS_FROM:
     return ["owners exchange: too few values to take the owners' way"]
-  got = sharded_intervals._Exchange(None, torch.device("cpu")).reduce(mine)
-  every = [fields(r) for r in range(ranks)]
+  before = sharded.TRAFFIC.snapshot()
+  got = sharded_intervals._Exchange(None, torch.device("cpu")).reduce(mine, touched)
+  sent = sharded.TRAFFIC.snapshot().bytes_sent - before.bytes_sent
+  every = [fields(r)[0] for r in range(ranks)]
   found = []
   for i, (t, op) in enumerate(mine):
-    want = sharded_intervals._fold(torch.stack([f[i][0].reshape(-1) for f in every]), op)
-    if not _same(got[i].reshape(-1), want):
+    want = sharded_intervals._fold(torch.stack([f[i][0] for f in every]), op)
+    if not _same(got[i].reshape(-1), want.reshape(-1)):
       found.append(f"owners exchange: field {i} ({op}) differs from the all-gather way's fold")
+  # The header to each other rank (a count, the blank row, the scalar), the touched rows
+  # others own (an index and 4 values each), and this rank's folded slice.
+  bound = 8 * ((ranks - 1) * (1 + 4 + 1) + 5 * int(touched.sum()) + 4 * -(-systems // ranks))
+  if sent > bound:
+    found.append(f"owners exchange: sent {sent} bytes, more than {bound} (untouched rows sent?)")
   return found
 
 
@@ -298,6 +362,7 @@ def _intervals_failures(mesh) -> list[str]:
                 ([tie], steps), dict(segments=[distribute_tensor(tie_ids, mesh, [Shard(0)])],
                                      num_systems=2),
                 dict(segments=[tie_ids], num_systems=2), found, None)
+    found += _many_systems_failures(mesh, gen)
     # Rows that are not DTensor's chunks: a call without ids does not need to know where.
     sizes = [2] * ranks
     sizes[-2] += 1

@@ -28,7 +28,11 @@ One rank's call:
    first also carries the element counts, and a word saying whether this rank's checks
    passed (ids in range are checked on the device: the word is a device value too). A
    float32 p = 1, 2, +-inf or max-step call makes one exchange; a general p two (the maxima
-   first: they set the scaling);
+   first: they set the scaling). Beyond 1,024 per-system values an exchange goes by owners
+   (:meth:`_Exchange._by_owners`): a rank sends only the rows of the systems it holds
+   elements of, to the ranks that own them, and the owners' folded slices are all-gathered;
+   with sorted ids (a batch of systems, each a run of rows) that is about ``(ranks - 1) /
+   ranks`` of the values a system, against ``ranks - 1`` times them by an all-gather;
 3. the decisions, identical on every rank (the same operators on the same reduced values),
    with the call's one host read. When any rank's checks failed, every rank raises
    :class:`AbandonedCall` there, together (the read is of a value every rank shares), and
@@ -109,12 +113,11 @@ def applies(leaves: list[Any], call: Any, certified: bool) -> bool:
   return len({x.device.type for x in leaves}) == 1
 
 
-# "dd": (hi, lo) pairs of a double-double, added in double-double.
-_OPS = ("sum", "max", "min", "dd")
-# Beyond two ranks an exchange of at least this many values is reduced by owners: an
-# all-gather hands every value to every rank (``ranks - 1`` copies on a ring), while an
-# all-to-all to the values' owners and an all-gather of the folded slices move ``2 (ranks -
-# 1) / ranks`` of them, for one more collective's latency.
+# An exchange of at least this many per-system values is reduced by owners (systems cut into
+# equal slices by rank): an all-gather hands every value to every rank, while the owners
+# receive only the rows that differ from a rank's blank row (sorted ids: the few systems that
+# cross a shard boundary) and all-gather their folded slices, ``(ranks - 1) / ranks`` of the
+# values, for two more collectives' latency.
 OWNERS_FROM = 1024
 
 
@@ -122,9 +125,8 @@ class _Exchange:
   """Per-system float64 results reduced across the rows' group, the same bits on every rank.
 
   Each value is folded by one fold in rank order (a float64 sum's bits depend on its order):
-  at every rank alike after an all-gather of every rank's values, or, beyond two ranks and
-  for large exchanges, at its owner (values cut into equal slices by rank) after an
-  all-to-all, the folded slices then all-gathered.
+  at every rank alike after an all-gather of every rank's values, or, for large exchanges, at
+  its owner, the folded slices then all-gathered (:meth:`_by_owners`).
   """
 
   def __init__(self, group: Any, device: torch.device):
@@ -132,51 +134,122 @@ class _Exchange:
     self.ranks = dist.get_world_size(group)
     self.device = device
 
-  def reduce(self, fields: list[tuple[torch.Tensor, str]]) -> list[torch.Tensor]:
+  def reduce(self, fields: list[tuple[torch.Tensor, str]],
+             touched: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Each float64 tensor reduced over the ranks by its operator ("sum", "max", "min"; "dd":
-    a (K, 2) tensor of double-doubles)."""
-    fields = _pairs_aligned(fields)
+    a (K, 2) tensor of double-doubles). With ``touched`` (K booleans: the systems this rank
+    holds an element of), the fields of K rows are per-system and the others scalars; a rank
+    sends the owners the rows of its touched systems (and any other row that differs from an
+    untouched one), so only systems held by several ranks travel twice."""
+    if touched is not None and self._per_system_values(fields, touched) >= OWNERS_FROM:
+      return self._by_owners(fields, touched)
     flat = [t.reshape(-1).to(torch.float64) for t, _ in fields]
     sizes = [t.numel() for t in flat]
     mine = torch.cat(flat) if len(flat) > 1 else flat[0]
     n = mine.numel()
-    if self.ranks > 2 and n >= OWNERS_FROM:
-      folded = self._by_owners(mine, [op for _, op in fields], sizes)
-    else:
-      every = torch.empty(self.ranks * n, dtype=torch.float64, device=self.device)
-      TRAFFIC.bytes_sent += n * 8
-      dist.all_gather_single(every, mine.contiguous(), group=self.group)
-      every = every.view(self.ranks, n)
-      folded = torch.cat([_fold(part, op) for part, (_, op) in
-                          zip(torch.split(every, sizes, dim=1), fields)])
-    reduced = [part.reshape(t.shape) for part, (t, _) in zip(torch.split(folded, sizes), fields)]
-    return [r for r, (_, op) in zip(reduced, fields) if op != "pad"]
+    every = torch.empty(self.ranks * n, dtype=torch.float64, device=self.device)
+    TRAFFIC.bytes_sent += n * 8
+    dist.all_gather_single(every, mine.contiguous(), group=self.group)
+    every = every.view(self.ranks, n)
+    folded = torch.cat([_fold(part, op) for part, (_, op) in
+                        zip(torch.split(every, sizes, dim=1), fields)])
+    return [part.reshape(t.shape) for part, (t, _) in zip(torch.split(folded, sizes), fields)]
 
-  def _by_owners(self, mine: torch.Tensor, ops: list[str], sizes: list[int]) -> torch.Tensor:
-    n, ranks = mine.numel(), self.ranks
-    width = -(-n // ranks)
-    width += width % 2  # a double-double's pair in one rank's slice (:func:`_pairs_aligned`)
-    padded = torch.zeros(ranks * width, dtype=torch.float64, device=self.device)
-    padded[:n] = mine
-    received = torch.empty_like(padded)
-    TRAFFIC.bytes_sent += padded.numel() * 8
-    dist.all_to_all_single(received, padded, group=self.group)
-    codes = torch.repeat_interleave(torch.tensor([_OPS.index(op if op != "pad" else "sum")
-                                                  for op in ops]), torch.tensor(sizes))
-    me = dist.get_rank(self.group)
-    owned = torch.zeros(width, dtype=torch.int64)
-    slice_codes = codes[me * width:(me + 1) * width]
-    owned[:slice_codes.numel()] = slice_codes
-    owned = owned.to(self.device)
-    parts = received.view(ranks, width)
-    folded = torch.where(owned == 0, _fold(parts, "sum"),
-                         torch.where(owned == 1, _fold(parts, "max"), _fold(parts, "min")))
-    if "dd" in ops:
-      folded = torch.where(owned == _OPS.index("dd"), _fold(parts, "dd"), folded)
-    every = torch.empty(ranks * width, dtype=torch.float64, device=self.device)
-    TRAFFIC.bytes_sent += width * 8
-    dist.all_gather_single(every, folded, group=self.group)
-    return every[:n]
+  def _per_system_values(self, fields, touched: torch.Tensor) -> int:
+    """The per-system values of an exchange (0 with one rank: nothing to own)."""
+    K = touched.numel()
+    if self.ranks < 2 or K < 2:
+      return 0
+    return sum(t.numel() for t, _ in fields if t.dim() and t.shape[0] == K)
+
+  def _by_owners(self, fields, touched: torch.Tensor) -> list[torch.Tensor]:
+    """The exchange by owners: systems cut into equal slices, one per rank.
+
+    1. an all-to-all of a header to every rank: this rank's blank row (an untouched system's
+       values), its scalars, and how many rows it sends the rank (-1: the whole slice, where
+       that is smaller than the rows with their indices);
+    2. an all-to-all of the rows that differ from the blank row, each with its index in the
+       owner's slice. The sizes are read on the host once (the all-to-all needs them there);
+    3. the owner rebuilds every rank's slice (the blank row where a rank sent none) and folds
+       it as :func:`_fold` folds an all-gather's values, so the bits are the all-gather way's;
+    4. an all-gather of the folded slices; the scalars every rank folds from the headers.
+    """
+    K, ranks, me = touched.numel(), self.ranks, dist.get_rank(self.group)
+    per_system = [t.dim() > 0 and t.shape[0] == K for t, _ in fields]
+    rows = torch.cat([t.reshape(K, -1).to(torch.float64)
+                      for (t, _), keep in zip(fields, per_system) if keep], 1)
+    scalars = [t.reshape(-1).to(torch.float64) for (t, _), keep in zip(fields, per_system)
+               if not keep]
+    scalars = torch.cat(scalars) if scalars else rows.new_zeros(0)
+    width, m = rows.shape[1], scalars.numel()
+    # The blank row: an untouched system's (what every system this rank holds no element of
+    # reduces to here; row 0 where it holds them all). Rows equal to it bit for bit stay
+    # home, and the owner puts it back.
+    blank = rows.index_select(0, (~touched).to(torch.uint8).argmax().reshape(1))[0]
+    sent = (rows.view(torch.int64) != blank.view(torch.int64)).any(1)
+    bounds = [o * K // ranks for o in range(ranks + 1)]
+    lengths = torch.tensor(bounds[1:], device=rows.device) - torch.tensor(bounds[:-1],
+                                                                          device=rows.device)
+    owner = torch.bucketize(torch.arange(K, device=rows.device),
+                            torch.tensor(bounds[1:-1], device=rows.device), right=True)
+    counts = torch.zeros(ranks, dtype=torch.int64, device=rows.device).index_add_(
+        0, owner, sent.to(torch.int64))
+    # An owner gets the rows with their indices, or its whole slice where that is smaller
+    # (ids interleaved: every rank holds some of every system): a count of -1 says so.
+    whole = counts * (width + 1) >= lengths * width
+    header = torch.cat([torch.where(whole, -1, counts).to(torch.float64)[:, None],
+                        torch.cat([blank, scalars]).expand(ranks, width + m)], 1)
+    headers = torch.empty_like(header)
+    dist.all_to_all_single(headers, header.contiguous(), group=self.group)
+    lo, hi = bounds[me], bounds[me + 1]
+    # The exchange's one host read: the sizes (the all-to-all below needs them on the host).
+    sizes = torch.cat([counts.to(torch.float64), header[:, 0], headers[:, 0]]).to(
+        torch.int64).tolist()
+    held, sizes = sizes[:ranks], sizes[ranks:]
+    index = torch.nonzero_static(sent, size=sum(held))[:, 0]  # sorted: owners' runs in order
+    parts, start = [], 0
+    for o in range(ranks):
+      if sizes[o] < 0:
+        parts.append(rows[bounds[o]:bounds[o + 1]].reshape(-1))
+      else:
+        theirs = index[start:start + held[o]]
+        parts.append(torch.cat([(theirs - bounds[o]).to(torch.float64)[:, None], rows[theirs]],
+                               1).reshape(-1))
+      start += held[o]
+    sending = [part.numel() for part in parts]
+    receiving = [(hi - lo) * width if n < 0 else n * (width + 1) for n in sizes[ranks:]]
+    received = torch.empty(sum(receiving), dtype=torch.float64, device=self.device)
+    # What leaves this rank: the header to every other rank, what other owners own.
+    TRAFFIC.bytes_sent += ((ranks - 1) * header.shape[1] + sum(sending) - sending[me]) * 8
+    dist.all_to_all_single(received, torch.cat(parts), receiving, sending, group=self.group)
+    slices = headers[:, 1:1 + width, None].expand(ranks, width, hi - lo).transpose(1, 2).clone()
+    for sender, part in enumerate(torch.split(received, receiving)):
+      if sizes[ranks + sender] < 0:
+        slices[sender] = part.view(hi - lo, width)
+      else:
+        part = part.view(-1, width + 1)
+        slices[sender, part[:, 0].to(torch.int64)] = part[:, 1:]
+    ops = [op for (_, op), keep in zip(fields, per_system) if keep]
+    columns = [t.reshape(K, -1).shape[1] for (t, _), keep in zip(fields, per_system) if keep]
+    folded = torch.cat([_fold(part, op).reshape(hi - lo, -1)
+                        for part, op in zip(torch.split(slices, columns, 2), ops)], 1)
+    most = -(-K // ranks)
+    mine = rows.new_zeros(most, width)
+    mine[:hi - lo] = folded
+    every = torch.empty(ranks * most, width, dtype=torch.float64, device=self.device)
+    TRAFFIC.bytes_sent += mine.numel() * 8
+    dist.all_gather_single(every, mine, group=self.group)
+    every = every.view(ranks, most, width)
+    reduced_rows = torch.cat([every[o, :bounds[o + 1] - bounds[o]] for o in range(ranks)])
+    every_scalars = headers[:, 1 + width:]
+    scalar_ops = [op for (_, op), keep in zip(fields, per_system) if not keep]
+    scalar_sizes = [t.numel() for (t, _), keep in zip(fields, per_system) if not keep]
+    reduced_scalars = [_fold(part, op) for part, op in
+                       zip(torch.split(every_scalars, scalar_sizes, 1), scalar_ops)]
+    by_rows = iter(torch.split(reduced_rows, columns, 1))
+    by_scalars = iter(reduced_scalars)
+    return [(next(by_rows) if keep else next(by_scalars)).reshape(t.shape).contiguous()
+            for (t, _), keep in zip(fields, per_system)]
 
   def gather_objects(self, value: Any) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order."""
@@ -205,19 +278,6 @@ def dd_add(ah, al, bh, bl):
   th, tl = two_sum(torch, al, bl)
   vh, vl = fast_two_sum(torch, sh, sl + th)
   return fast_two_sum(torch, vh, tl + vl)
-
-
-def _pairs_aligned(fields: list[tuple[torch.Tensor, str]]) -> list[tuple[torch.Tensor, str]]:
-  """The fields with a one-value pad before each double-double field at an odd offset, so
-  that with an even slice width no pair is cut between two owners."""
-  out, offset = [], 0
-  for t, op in fields:
-    if op == "dd" and offset % 2:
-      out.append((torch.zeros(1, dtype=torch.float64, device=t.device), "pad"))
-      offset += 1
-    out.append((t, op))
-    offset += t.numel()
-  return out
 
 
 class ReducingKernels(EagerKernels):
@@ -261,7 +321,7 @@ class ReducingKernels(EagerKernels):
 
   def _reduce(self, fields: list[tuple[torch.Tensor, str]]) -> list[torch.Tensor]:
     first, self._first = self._first or [], None
-    reduced = self.exchange.reduce(first + fields)
+    reduced = self.exchange.reduce(first + fields, touched=self._local_counts > 0)
     if first:
       self.invalid, self._batch.counts = reduced[0], reduced[1]
       if len(first) == 3:
