@@ -87,9 +87,30 @@ def machine_description(bench_machine: dict[str, Any] | None,
   system = (f"{bench_machine.get('system', '')} {bench_machine.get('release', '')}".strip()
             or platform.platform())
   python = bench_machine.get("python_version") or platform.python_version()
-  return [("CPU", model), ("Cores", cores), ("Memory", _memory_total()),
-          ("Measured memory bandwidth", measured), ("GPU", gpu_description()),
-          ("OS", system), ("Python", python)]
+  return [("CPU", model), ("Cores", cores), ("Vector extensions", vector_extensions()),
+          ("Memory", _memory_total()), ("Measured memory bandwidth", measured),
+          ("GPU", gpu_description()), ("OS", system), ("Python", python)]
+
+
+# The extensions libraries pick code paths by (torch's and numpy's kernels, MKL, XLA), widest
+# first, as /proc/cpuinfo spells them.
+_EXTENSIONS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("fma", "FMA"), ("sse4_2", "SSE4.2"),
+               ("asimd", "NEON"), ("sve", "SVE"))
+
+
+def vector_extensions(flags: str | None = None, mkl_cbwr: str | None = None) -> str:
+  """The CPU's vector extensions and MKL's code-path setting: a case at a rule's limit can
+  change verdict with them (the same libraries gave 23 other rows on an AMD EPYC than on an
+  Intel Xeon; some of them MKL_CBWR=COMPATIBLE reproduces, reports/README.md)."""
+  if flags is None:
+    flags = _cpuinfo_field("flags") or _cpuinfo_field("Features")
+  if mkl_cbwr is None:
+    mkl_cbwr = os.environ.get("MKL_CBWR", "")
+  present = set(flags.split())
+  found = ", ".join(name for flag, name in _EXTENSIONS if flag in present) or "unknown"
+  mkl = (f"MKL_CBWR={mkl_cbwr}" if mkl_cbwr else
+         "MKL_CBWR unset (MKL picks its code path by the CPU)")
+  return f"{found}; {mkl}"
 
 
 def installed_version(distribution: str) -> str:

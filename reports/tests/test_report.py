@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from clipbench import files
-from clipbench.reports import build, render, results, tables
+from clipbench.reports import build, machine, render, results, tables
 from clipbench.schema import CONFORMANCE_COLUMNS, SEVERITIES
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -461,6 +461,16 @@ def test_log_axis_over_many_decades_has_one_label_per_decade():
   ax.set_xlim(0.8, 20)
   plots.readable_log_axis(ax.xaxis, 0.8, 20)
   assert [t for t in ax.get_xticks() if 0.8 <= t <= 20] == [1, 2, 5, 10, 20]
+
+
+def test_machine_names_the_vector_extensions_and_mkl_path(report):
+  # Verdicts at a rule's limit move with them: a report must say which it ran with.
+  assert machine.vector_extensions("fpu sse4_2 avx2 fma avx512f", "") == (
+      "AVX-512, AVX2, FMA, SSE4.2; MKL_CBWR unset (MKL picks its code path by the CPU)")
+  assert machine.vector_extensions("fpu sse4_2 avx2 fma", "COMPATIBLE") == (
+      "AVX2, FMA, SSE4.2; MKL_CBWR=COMPATIBLE")
+  assert machine.vector_extensions("", "").startswith("unknown;")
+  assert "- **Vector extensions**: " in render.to_markdown(report.document)
 
 
 def test_markdown_has_the_same_content(report):
