@@ -68,41 +68,44 @@ def failures() -> list[str]:
 
 
 def _many_systems_failures(mesh, gen) -> list[str]:
-  """Per-system calls of 1,500 systems (the exchanges reduced by owners), float32 and float64,
-  with ids sorted (each rank holds a run of systems, as a batched relaxation's atoms do) and
+  """Per-system calls of 1,500 systems (the exchanges reduced by owners), float32, float64 and
+  mixed (float32 positions, float64 cells: the factor bits travel too), with ids sorted (each rank holds a run of systems, as a batched relaxation's atoms do) and
   interleaved, thresholds at the systems' norms and half of them: the unsharded bits; with
   sorted ids, a rank sends per exchange its folded slice's values and little more (the systems
   that cross a shard boundary), where an all-gather of its values would send every system's."""
   found: list[str] = []
   ranks, K = dist.get_world_size(), 1500
   atoms = torch.randint(1, 9, (K,), generator=gen)
-  for dtype in (torch.float32, torch.float64):
+  for dtype, cell_dtype in ((torch.float32,) * 2, (torch.float64,) * 2,
+                            (torch.float32, torch.float64)):
+    mixed = dtype != cell_dtype
     for order in ("sorted", "interleaved"):
       ids = torch.repeat_interleave(torch.arange(K), atoms)
       if order == "interleaved":
         ids = ids[torch.randperm(ids.numel(), generator=gen)]
       whole = [torch.randn(ids.numel(), 3, generator=gen).to(dtype),
-               torch.randn(K, 3, 3, generator=gen).to(dtype)]
+               torch.randn(K, 3, 3, generator=gen).to(cell_dtype)]
       segments = [ids, torch.arange(K)]
       leaves = [distribute_tensor(x, mesh, [Shard(0)], src_data_rank=None) for x in whole]
       placed = [distribute_tensor(s, mesh, [Shard(0)], src_data_rank=None) for s in segments]
       for op, kw in (("clip_by_global_norm", {}),
                      ("clip_by_global_norm", dict(norm_type=float("inf"))),
                      ("clip_by_max_step", {})):
-        if dtype == torch.float64 and op == "clip_by_max_step":
+        if cell_dtype == torch.float64 and op == "clip_by_max_step":
           continue  # the exact path for every system (above)
         fn = getattr(eager, op)
         _, norms = fn(whole, 1e30, segments=segments, num_systems=K, **kw)
         threshold = norms.to(torch.float64) * torch.where(torch.arange(K) % 2 == 0, 1.0, 0.5)
-        # Two exchanges at most, each with a header (a count, at most 4 values a system and 2
-        # scalars) to each other rank. With sorted ids: this rank's folded slice (at most 4
-        # values a system), and the rows of the systems it holds that others own (equal
-        # slices of systems): an index and the values, 6 in all; else 4 values a system.
-        headers = 2 * (ranks - 1) * 7
-        bound = 8 * (headers + (4 * -(-K // ranks) + 6 * _held_elsewhere(placed, K)
-                                if order == "sorted" else 4 * K))
-        _check_call(f"CUDA route: {K} systems, {order} ids, {dtype}, {op} {kw}", fn,
-                    (leaves, threshold), (whole, threshold),
+        # At most `values` a system (5 with the factor bits) in two exchanges, each with a
+        # header (a count, its share of the values, 2 scalars) to each other rank. With sorted
+        # ids: this rank's folded slice, and the rows of the systems it holds that others own
+        # (equal slices of systems), an index with each exchange's values; else every value.
+        values = 5 if mixed else 4
+        headers = (ranks - 1) * (2 * 3 + values)
+        bound = 8 * (headers + (values * -(-K // ranks) + (2 + values) *
+                                _held_elsewhere(placed, K) if order == "sorted" else values * K))
+        name = f"CUDA route: {K} systems, {order} ids, {dtype} and {cell_dtype}, {op} {kw}"
+        _check_call(name, fn, (leaves, threshold), (whole, threshold),
                     dict(segments=placed, num_systems=K, **kw),
                     dict(segments=segments, num_systems=K, **kw), found, lambda *_: bound)
   return found
