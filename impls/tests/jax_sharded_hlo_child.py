@@ -43,8 +43,9 @@ COLUMN_SHAPES = ((512, 256), (1024, 128), (120, 1024), (7, 48, 256))
 # Rows that do not divide among the 4 devices: XLA pads the last shards (placed whole, split
 # inside the program, as ``device_put`` refuses uneven shards).
 UNEVEN_W1_SHAPES = ((1023, 64), (1021, 96), (2047, 16), (257, 128))
-# One leaf of 510 rows (2 x 255): the one-system pass views it as 2 groups of 255 rows
-# (``systems.block``), a reshape XLA cannot apply to 4 padded shards of 128 rows.
+# One leaf of 510 rows (2 x 255): a view of 2 groups of 255 rows is a reshape XLA cannot apply
+# to 4 padded shards of 128 rows, so the one-system pass cuts no groups where the device count
+# does not divide them (``systems.block``).
 UNEVEN_GROUPED_SHAPES = ((1023, 64), (510, 96))
 UNEVEN_PER_SYSTEM_SHAPES = ((16381, 3), (32766,))
 NUM_SYSTEMS = 16
@@ -148,8 +149,9 @@ FFI_VARIANTS = tuple(v for v in VARIANTS if v not in COLUMN_VARIANTS + UNEVEN_VA
 
 def compiled_text(route: str, op: str) -> tuple[str, int, bool | None]:
   """The compiled per-device program's text, the smallest shard's bytes, and, for leaves split
-  by columns (which rule 14's grid does not lay out), whether the sharded call gave the
-  unsharded call's bits (None: not run)."""
+  by columns (which rule 14's grid does not lay out) and the leaf of 2 x 255 rows (one group
+  here, where unsharded it has two), whether the sharded call gave the unsharded call's bits
+  (None: not run)."""
   if op in FLOAT64_VARIANTS:
     with jax.enable_x64(True):
       return _compiled_text(route, op, np.float64)
@@ -181,7 +183,7 @@ def _compiled_text(route: str, name: str, dtype) -> tuple[str, int, bool | None]
     lowered = jitted.lower(leaves, segments)
   compiled = lowered.compile()
   same = None
-  if columns:
+  if columns or uneven == "grouped":
     got = compiled(leaves)
     want = function([np.asarray(x) for x in leaves], 1.0, route=route)
     same = all(np.asarray(g).tobytes() == np.asarray(w).tobytes()

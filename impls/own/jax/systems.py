@@ -40,7 +40,9 @@ class Systems(NamedTuple):
   num: int
   sorted: tuple  # per leaf: its ids are sorted (a static hint to the segment reductions)
   counts: Any = None  # elements per system, when known on the host
-  pad_rows: bool = True  # segment reductions pad their rows (``Config.may_be_sharded``)
+  # The leaves may be split over devices (``Config.may_be_sharded``): segment reductions pad
+  # their rows, and :func:`block` cuts groups only where every split is even.
+  may_be_sharded: bool = True
 
   def row_reduce(self, v, leaf: int, op: str):
     """Per-system reduction of per-row values v (rows, ...) of one leaf."""
@@ -49,7 +51,7 @@ class Systems(NamedTuple):
         return jnp.sum(v, axis=0, keepdims=True)
       return (jnp.max if op == "max" else jnp.min)(v, axis=0, keepdims=True)
     return segment_reduce(v, self.segs[leaf], self.num, op, bool(self.sorted[leaf]),
-                          self.pad_rows)
+                          self.may_be_sharded)
 
   def per_row(self, v, leaf: int, rows: int):
     """Per-system values v (S, ...) broadcast to the rows of one leaf."""
@@ -111,7 +113,7 @@ def counted_elements(leaves, systems: Systems):
     else:
       count = count + segment_reduce(jnp.full(n_rows, width, jnp.int64), systems.segs[i],
                                      systems.num, "sum", bool(systems.sorted[i]),
-                                     systems.pad_rows)
+                                     systems.may_be_sharded)
   return count
 
 
@@ -139,7 +141,8 @@ def block(x, systems: Systems):
   parallelism) stays a split of the view, and XLA's partitioner moves nothing to build it;
   a flat view cut into rows would need the leaf's elements in flat order on each device. The
   groups are there for XLA on CPU, which reduces many groups in parallel but one long group
-  serially (a leaf of odd rows is one group)."""
+  serially (a leaf of odd rows is one group). Where the leaves may be sharded, groups that
+  the device count does not divide become one: the exact sums do not depend on them."""
   if systems.segs is not None:
     return rows(x)
   if x.size == 0:
@@ -147,6 +150,12 @@ def block(x, systems: Systems):
   if x.ndim == 0:
     return x.reshape(1, 1)
   groups = _groups(x)
+  if systems.may_be_sharded and groups % jax.device_count():
+    # Rows that may be split over a mesh axis that does not divide the groups (so not the
+    # rows either: XLA pads the last shards) cannot be viewed as groups where they lie, and
+    # XLA's partitioner would all-gather the leaf to build the view. A mesh axis divides the
+    # device count; where the count divides the groups, every split is even.
+    groups = 1
   return x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
 
 
