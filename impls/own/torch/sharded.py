@@ -24,7 +24,9 @@ GPU leaves (and CPU leaves sent down the CUDA route: ``cpu_kernels=False``, or
 certified from an interval, so the ranks reduce their rows' float64 power sums (with a depth
 bound that covers the reduction), maxima and minima, and every rank decides alike from the
 reduced intervals: one exchange per pass (two for a general p: the maxima set its scaling),
-16 to 32 bytes per system per call with the element counts (32 for float64 power sums).
+16 to 32 bytes per system per call with the element counts (32 for float64 power sums). Large
+exchanges go by owners: a rank sends the values of the systems it holds to the systems'
+owners, and its folded slice to every rank (``_Exchange._by_owners``).
 Near-ties are settled from every rank's exact partials of the flagged systems (exact power
 sums, step norms, or a non-integer p's magnitudes). Rows need not be DTensor's chunks unless
 whole segment ids must be cut at them.
