@@ -125,16 +125,18 @@ VARIANTS = {
     "clip_by_global_norm-uneven": ("clip_by_global_norm", {}, False),
     "clip_by_global_norm-uneven-p1": ("clip_by_global_norm", {"norm_type": 1.0}, False),
     "clip_by_max_step-uneven": ("clip_by_max_step", {}, False),
+    "clip_grad_norm-uneven-float64": ("clip_grad_norm", {}, False),
 }
 FLOAT64_VARIANTS = ("clip_grad_norm-float64", "clip_grad_norm-float64-pmin",
-                    "clip_grad_norm-columns-float64")
+                    "clip_grad_norm-columns-float64", "clip_grad_norm-uneven-float64")
 COLUMN_VARIANTS = ("clip_grad_norm-columns", "clip_grad_norm-columns-p1",
                    "clip_grad_norm-columns-pinf", "clip_grad_norm-columns-float64")
 
 
 UNEVEN_VARIANTS = ("clip_grad_norm-uneven", "clip_grad_norm-uneven-grouped",
                    "clip_by_global_norm-uneven",
-                   "clip_by_global_norm-uneven-p1", "clip_by_max_step-uneven")
+                   "clip_by_global_norm-uneven-p1", "clip_by_max_step-uneven",
+                   "clip_grad_norm-uneven-float64")
 
 
 # The graph route: near-ties settled from limb sums (p = 1, 2, zero mode), vector by vector
