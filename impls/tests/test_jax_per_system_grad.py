@@ -5,16 +5,17 @@ call's ``jax.enable_x64``, and brings per-system values linear in the tangents t
 each leaf (a gather). ``jax.grad`` used to transpose that after the context had closed; with
 x64 off in the caller (JAX's default) the gather's transpose scattered a float64 cotangent into
 float32 zeros, and every per-system ``jax.grad`` raised ``TypeError``. The JVP now hands JAX
-its transpose, taken under x64 (``linear_call``). Checked here on both routes, with x64 off as
-a user has it:
+its transpose, taken under x64 (``linear_map``, a primitive of ours that ``jax.vmap``
+batches). Checked here on both routes, with x64 off as a user has it:
 
 * the gradient exists and is finite, clipped systems included;
 * it is the transpose of the JVP: ``<w, J v>`` from ``jax.jvp`` equals ``<J^T w, v>`` from
   ``jax.vjp`` for random v, w (a transpose of the wrong linear map fails this);
 * one system given as segments has the gradient of the call without segments (which brings
   the value to the rows by a broadcast, never affected), bit for bit;
-* ``jax.vmap`` of ``jax.grad`` without segments still batches (``linear_call``, used with
-  segments, has no batching rule).
+* ``jax.vmap`` of ``jax.grad`` batches, with segments and without: every slice has its own
+  gradient's bits (with segments it raised ``NotImplementedError`` while the transpose went
+  through JAX's ``linear_call``, which has no batching rule), jitted too.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def test_one_system_as_segments_has_the_gradient_without_segments(route):
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_vmap_of_grad_without_segments_gives_each_slice_its_gradient(route):
-  """The transpose under x64 is for calls with segments only: without them the tangent stays
-  plain JAX operations, which ``jax.vmap`` batches (``linear_call`` has no batching rule)."""
+  """Without segments the tangent is plain JAX operations (the transpose under x64 is for
+  calls with segments only), which ``jax.vmap`` batches."""
   batch = jnp.asarray(np.random.default_rng(9).standard_normal((3, 40, 3)).astype(np.float32))
 
   def loss(x):
@@ -96,3 +97,56 @@ def test_vmap_of_grad_without_segments_gives_each_slice_its_gradient(route):
   batched = jax.vmap(jax.grad(loss))(batch)
   for i in range(batch.shape[0]):
     assert np.asarray(batched[i]).tobytes() == np.asarray(jax.grad(loss)(batch[i])).tobytes()
+
+
+def _per_system_loss(route: str, systems: int, p: float):
+  def loss(xs, segments, threshold):
+    out = api.clip_by_global_norm(xs, threshold, segments=segments, num_systems=systems,
+                                  norm_type=p, route=route)[0]
+    return sum(jnp.sum(o * o * (i + 1)) for i, o in enumerate(out))
+  return loss
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("batched", ["leaves", "first-leaf", "leaves-and-ids"])
+def test_vmap_of_grad_with_segments_gives_each_slice_its_gradient(route, batched):
+  """``jax.vmap`` of ``jax.grad`` through a per-system call (``linear_map``'s batching rule):
+  every slice has the gradient of that slice alone, bit for bit; with one leaf batched and
+  the other not (the rule broadcasts its tangent), and with each slice's own segment ids."""
+  rng = np.random.default_rng({"leaves": 11, "first-leaf": 12, "leaves-and-ids": 13}[batched])
+  systems, batch = 5, 3
+  slices = [_leaves(rng, 40, systems, 1.0) for _ in range(batch)]
+  ids = [_ids(rng, 40, systems) for _ in range(batch)]
+  threshold = np.full(systems, 1.2, np.float32)
+  grad = jax.grad(_per_system_loss(route, systems, 2.0))
+  stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+  if batched == "leaves":
+    got = jax.vmap(grad, in_axes=(0, None, None))(stack(slices), ids[0], threshold)
+    want = [grad(slices[j], ids[0], threshold) for j in range(batch)]
+  elif batched == "first-leaf":
+    shared = slices[0][1]
+    got = jax.vmap(grad, in_axes=([0, None], None, None))(
+        [stack([s[0] for s in slices]), shared], ids[0], threshold)
+    want = [grad([s[0], shared], ids[0], threshold) for s in slices]
+  else:
+    got = jax.vmap(grad, in_axes=(0, 0, None))(stack(slices), stack(ids), threshold)
+    want = [grad(slices[j], ids[j], threshold) for j in range(batch)]
+  got = [[g[j] for g in got] for j in range(batch)]
+  for j in range(batch):
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in got[j])
+    for a, b in zip(got[j], want[j]):
+      assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), (j, a, b)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_jitted_vmap_of_grad_with_segments_matches_the_eager_one(route):
+  rng = np.random.default_rng(14)
+  systems = 4
+  slices = [_leaves(rng, 24, systems, 1e-3) for _ in range(2)]
+  ids = _ids(rng, 24, systems)
+  threshold = np.full(systems, 1e-3, np.float32)
+  batched = jax.vmap(jax.grad(_per_system_loss(route, systems, 3.0)), in_axes=(0, None, None))
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *slices)
+  eager, jitted = batched(stacked, ids, threshold), jax.jit(batched)(stacked, ids, threshold)
+  for a, b in zip(eager, jitted):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()

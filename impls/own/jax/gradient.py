@@ -13,13 +13,13 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import linear_call
 
 from clipbench.impls.own import decision
 from clipbench.impls.own.jax import partitioned, partitioned_segments
 from clipbench.impls.own.jax.config import Config
 from clipbench.impls.own.jax.formats import pow2
 from clipbench.impls.own.jax.forward import forward
+from clipbench.impls.own.jax.linear_map import linear_map
 from clipbench.impls.own.jax.systems import Systems, rows
 
 
@@ -74,10 +74,10 @@ def _clip_jvp(cfg: Config, primals, tangents):
     # The tangent is float64 arithmetic, taken under the call's jax.enable_x64. jax.grad
     # transposes it after that context has closed, where JAX's transpose of the per-system
     # gather makes float32 zeros for a float64 cotangent (TypeError); so the transpose is
-    # taken here, under x64 too. linear_call has no batching rule: jax.vmap of jax.grad
-    # stays with the calls without segments.
-    t_outs = linear_call(functools.partial(_tangent, cfg),
-                         functools.partial(_transposed, cfg), residuals, tuple(tangents[0]))
+    # taken here, under x64 too (a primitive of ours: JAX's linear_call has no batching rule,
+    # and jax.vmap of jax.grad needs one).
+    t_outs = linear_map(functools.partial(_tangent, cfg),
+                        functools.partial(_transposed, cfg), residuals, tuple(tangents[0]))
   return primal, (tuple(t_outs), jnp.zeros_like(primal[1]))
 
 
