@@ -3,10 +3,13 @@
   python -m clipbench.benchmarks.sharded_torch [--scale 0.25] [--worlds 2 4] [--repeats 5]
                                                [--dtype float64] [--workload W3-relax-large]
                                                [--impl clipbench.torch.cuda-route]
+                                               [--placement columns]
 
 For W1 (``clip_grad_norm``, 200 leaves) and W3 (per-system ``clip_by_global_norm``, positions
 and cells with their segments), each rank holds ``Shard(0)`` of every leaf (and of the segment
-ids). Implementations: ours (``clipbench.torch``: block results exchanged,
+ids). With ``--placement columns`` (tensor parallelism) each rank holds ``Shard(1)`` instead:
+W1's 1-D leaves as one row of all their elements, W3's positions and cells by their second
+axis (3 columns), and the ids whole on every rank. Implementations: ours (``clipbench.torch``: block results exchanged,
 ``impls/own/torch/sharded.py``), ours on its CUDA route (``clipbench.torch.cuda-route``: CPU
 tensors sent down the branches a GPU takes, ``branches.accelerator_branches``, so per-system
 measures are exchanged as a GPU rank's would be, over gloo instead of NCCL), ours the former
@@ -209,19 +212,23 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -> No
   # pylint: disable=import-outside-toplevel
   import torch.distributed as dist
   from torch.distributed.device_mesh import init_device_mesh
-  from torch.distributed.tensor import Shard, distribute_tensor
+  from torch.distributed.tensor import Replicate, Shard, distribute_tensor
   os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                     WORLD_SIZE=str(world))
   torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
   dist.init_process_group("gloo")
   mesh = init_device_mesh("cpu", (world,))
-  shard = lambda t: distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)
+  place = lambda t, p: distribute_tensor(t, mesh, [p], src_data_rank=None)
   scale, repeats = args.scale, args.repeats
   for name in args.workload:
     inputs = workloads.get(name).build(scale, args.dtype)
     leaves, segments = _tensors(inputs)
-    leaves = [shard(x) for x in leaves]
-    segments = None if segments is None else [shard(s) for s in segments]
+    if args.placement == "columns":
+      leaves = [place(x.reshape(1, -1) if x.dim() == 1 else x, Shard(1)) for x in leaves]
+      segments = None if segments is None else [place(s, Replicate()) for s in segments]
+    else:
+      leaves = [place(x, Shard(0)) for x in leaves]
+      segments = None if segments is None else [place(s, Shard(0)) for s in segments]
     shard_bytes = sum(x.to_local().numel() * x.element_size() for x in leaves)
     for impl, fn in _calls(inputs, leaves, segments, distributed=True).items():
       if args.impl and impl not in args.impl and impl != "torch.clip_grad_norm_":
@@ -253,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="a workload to run (repeatable; default: every one)")
   parser.add_argument("--impl", action="append", choices=IMPLS,
                       help="an implementation to run (repeatable; default: every one)")
+  parser.add_argument("--placement", default="rows", choices=("rows", "columns"),
+                      help="how the leaves are split: by rows (Shard(0), FSDP's way) or by "
+                           "columns (Shard(1), tensor parallelism's)")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
   args.workload = args.workload or list(WORKLOADS)
@@ -260,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"--worlds: expected positive integers, got {args.worlds}")
   import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
   print(f"{os.cpu_count()} CPU cores; torch {torch.__version__}; scale {args.scale:g}; "
-        f"{args.repeats} repeats; {args.dtype}; load average {os.getloadavg()[0]:.1f}")
+        f"{args.repeats} repeats; {args.dtype}; leaves split by {args.placement}; "
+        f"load average {os.getloadavg()[0]:.1f}")
   unsharded = {}
   for name in args.workload:
     inputs = workloads.get(name).build(args.scale, args.dtype)
@@ -283,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
       base, against = (peer[name], "vs torch") if name in peer else (unsharded[name, route],
                                                                       "vs unsharded")
       sent = max(e[0] for e in every)
-      share = max(e[0] / e[2] for e in every)
+      # Over the ranks that hold part of the leaves (3 columns over 4 ranks leave one none).
+      share = max((e[0] / e[2] for e in every if e[2]), default=0.0)
       peak = max(e[1] for e in every)
       print(f"{name:16} {impl:30} {world:5d} {median:8.4f}/{least:8.4f} "
             f"{median / base[0]:5.2f}/{least / base[1]:5.2f} {against:12} {sent:10.0f} "

@@ -1,10 +1,12 @@
 """Rule 14 on torch.distributed: DTensor leaves on 2 and 4 gloo processes give the unsharded bits.
 
 Each case of the shared grid (``conformance/sharding/layouts.py``) and torch's own layouts
-(``sharding_torch/layouts.py``: two meshes, FSDP2 gradients) runs in a group of gloo processes
-on the CPU that the test starts itself (``sharding_torch/launch.py``): the call on DTensors
-(``Shard(0)`` / ``Replicate()`` on a 1-D ``DeviceMesh``), the outputs gathered, and rank 0's
-unsharded call of the same implementation, compared bit for bit.
+(``sharding_torch/layouts.py``: two meshes, FSDP2 gradients, leaves split by columns, a 2-D
+mesh of FSDP and tensor parallelism) runs in a group of gloo processes on the CPU that the
+test starts itself (``sharding_torch/launch.py``): the call on DTensors (``Shard(0)`` /
+``Replicate()`` on a 1-D ``DeviceMesh``; ``Shard(1)``; ``[Shard(0), Shard(1)]`` on a 2 x 2
+mesh), the outputs gathered, and rank 0's unsharded call of the same implementation,
+compared bit for bit.
 
 Implementations: our own (``clipbench.torch``; ``clipbench.torch-compile`` in ``thorough``),
 ``torch.nn.utils.clip_grad_norm_`` (foreach=False; foreach=True and ``clip_grads_with_norm_``

@@ -63,6 +63,7 @@ def failures() -> list[str]:
   found += _partials_failures(mesh)
   found += _unchunked_failures(mesh)
   found += _intervals_failures(mesh)
+  found += _pieces_failures(mesh)
   found += _owners_exchange_failures()
   return [f for f in found if f]
 
@@ -391,6 +392,63 @@ def _intervals_failures(mesh) -> list[str]:
                placed_ids[2], placed_ids[3]]
     found.append(_raises(lambda: eager.clip_by_global_norm(
         leaves, threshold, segments=bad_ids, num_systems=K), ValueError, "segments[1]"))
+  return [f"rank {dist.get_rank()}: {f}" for f in found if f]
+
+
+def _pieces_failures(mesh) -> list[str]:
+  """The CUDA route on leaves split by columns (tensor parallelism, ``Shard(1)``) and on a
+  2-D mesh over every rank: each rank measures its piece, and nothing but per-system measures
+  moves (rule 14's ``columns-*`` and ``dp-tp-*`` layouts check the bits on 2 and 4 ranks);
+  max-step, whose vectors are rows, makes a leaf split by columns whole."""
+  if dist.get_world_size() < 2:
+    return []
+  gen = torch.Generator().manual_seed(33)
+  ranks = dist.get_world_size()
+  wide_mesh = init_device_mesh("cpu", (1, ranks), mesh_dim_names=("dp", "tp"))
+  tall_mesh = init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("dp", "tp"))
+  # 7 columns over 3 ranks: 3, 3, 1; a bfloat16 leaf of 3 columns: one each.
+  whole = [torch.randn(4001, 7, generator=gen), torch.randn(301, generator=gen),
+           torch.randn(50, 3, generator=gen).to(torch.bfloat16), torch.randn(40, 5, generator=gen)]
+  leaves = [distribute_tensor(whole[0], mesh, [Shard(1)], src_data_rank=None),
+            distribute_tensor(whole[1], tall_mesh, [Shard(0), Replicate()], src_data_rank=None),
+            distribute_tensor(whole[2], wide_mesh, [Replicate(), Shard(1)], src_data_rank=None),
+            distribute_tensor(whole[3], tall_mesh, [Shard(0), Shard(1)], src_data_rank=None)]
+  found: list[str] = []
+  with branches.accelerator_branches():
+    for p in (2.0, 1.0, 3.0, float("inf")):
+      _check_call(f"CUDA route, pieces: clip_grad_norm p={p}", eager.clip_grad_norm,
+                  (leaves, 3.0), (whole, 3.0), dict(norm_type=p), dict(norm_type=p), found,
+                  _intervals_bound)
+    K = 16
+    ids = [torch.sort(torch.randint(0, K, (x.shape[0],), generator=gen)).values for x in whole]
+    # Ids as a plain tensor of the whole leaf's rows (cut at this rank's rows), and as
+    # DTensors holding this rank's rows' ids.
+    placed_ids = [ids[0], distribute_tensor(ids[1], tall_mesh, [Shard(0), Replicate()],
+                                            src_data_rank=None),
+                  distribute_tensor(ids[2], wide_mesh, [Replicate(), Replicate()],
+                                    src_data_rank=None), ids[3]]
+    threshold = torch.rand(K, generator=gen, dtype=torch.float64) * 40
+    _check_call("CUDA route, pieces: clip_by_global_norm", eager.clip_by_global_norm,
+                (leaves, threshold), (whole, threshold),
+                dict(segments=placed_ids, num_systems=K), dict(segments=ids, num_systems=K),
+                found, _intervals_bound)
+    rows_only = [leaves[1], leaves[3].redistribute(tall_mesh, [Shard(0), Replicate()])]
+    _check_call("CUDA route, pieces of rows: clip_by_max_step", eager.clip_by_max_step,
+                (rows_only, threshold), (whole[1::2], threshold),
+                dict(segments=placed_ids[1::2], num_systems=K),
+                dict(segments=ids[1::2], num_systems=K), found, _intervals_bound)
+    sent = _check_call("CUDA route, pieces: clip_by_max_step", eager.clip_by_max_step,
+                       (leaves, threshold), (whole, threshold),
+                       dict(segments=placed_ids, num_systems=K),
+                       dict(segments=ids, num_systems=K), found, None)
+    if sent < leaves[0].to_local().numel() * 4:
+      found.append(f"CUDA route, pieces: max-step sent {sent} bytes; a leaf split by columns "
+                   "splits its vectors, and is made whole")
+    bad = ids[3].clone()
+    bad[-1] = K  # in the last rank's rows only
+    found.append(_raises(lambda: eager.clip_by_global_norm(
+        leaves, threshold, segments=placed_ids[:3] + [bad], num_systems=K), ValueError,
+        "segments[3]"))
   return [f"rank {dist.get_rank()}: {f}" for f in found if f]
 
 

@@ -22,21 +22,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from clipbench.conformance import running
 from clipbench.conformance.cases import Inputs
 from clipbench.conformance.sharding import compare
-from clipbench.conformance.sharding import layouts as shared
 from clipbench.conformance.sharding_torch import layouts
 from clipbench.conformance.sharding_torch.launch import key
 from clipbench.impls import frameworks, registry
 
 
-def _place(x: np.ndarray, placement: str, mesh) -> DTensor:
+def _place(x: np.ndarray, placements: list, mesh) -> DTensor:
   # src_data_rank=None: every rank holds the whole value and keeps its chunk, no communication.
-  return distribute_tensor(frameworks.to_framework(x, "torch"), mesh,
-                           [Shard(0) if placement == shared.ROWS else Replicate()],
+  return distribute_tensor(frameworks.to_framework(x, "torch"), mesh, placements,
                            src_data_rank=None)
 
 
@@ -56,12 +54,12 @@ def _kwargs(op: str, inputs: Inputs, segments) -> dict:
 def _layout_call(case: layouts.TorchCase, op: str, fn, meshes):
   """(sharded result, the unsharded inputs) of a layout of leaves."""
   inputs = case.build(op)
-  mesh_of = lambda i: meshes[i % 2 if case.on_two_meshes else 0]
-  leaves = [_place(x, p, mesh_of(i))
-            for i, (x, p) in enumerate(zip(inputs.leaves, case.layout.placements))]
+  mesh_of = lambda i: meshes[2 if case.on_2d_mesh else i % 2 if case.on_two_meshes else 0]
+  leaves = [_place(x, case.placements(i, x.ndim), mesh_of(i))
+            for i, x in enumerate(inputs.leaves)]
   segments = None if inputs.segments is None else [
-      _place(s, p, mesh_of(i)) for i, (s, p) in enumerate(zip(inputs.segments,
-                                                              case.layout.placements))]
+      _place(s, case.placements(i, inputs.leaves[i].ndim, ids=True), mesh_of(i))
+      for i, s in enumerate(inputs.segments)]
   return fn(leaves, inputs.threshold, **_kwargs(op, inputs, segments)), inputs
 
 
@@ -85,7 +83,7 @@ def _fsdp2_call(case: layouts.TorchCase, op: str, fn, meshes):
     # FSDP2's own placement (Shard(0) on its mesh).
     whole[0][1], whole[-1][-1] = np.nan, np.inf
     for p, g in zip(params, whole):
-      p.grad = _place(g, shared.ROWS, meshes[0])
+      p.grad = _place(g, [Shard(0)], meshes[0])
   flat = np.concatenate([g.ravel() for g in whole]).astype(np.float64)
   threshold = 0.5 * float(np.linalg.norm(flat[np.isfinite(flat)], ord=case.variant.norm_type))
   inputs = Inputs(whole, threshold, norm_type=case.variant.norm_type,
@@ -159,9 +157,12 @@ def main(spec_path: str) -> int:
     spec = json.load(f)
   dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=spec["timeout_s"]))
   world = dist.get_world_size()
-  # Two meshes over the same ranks: alike but not equal (their dimension names differ).
+  # Two meshes over the same ranks: alike but not equal (their dimension names differ); a 2-D
+  # mesh of FSDP's and tensor parallelism's dimensions.
   meshes = [init_device_mesh("cpu", (world,), mesh_dim_names=("shards",)),
             init_device_mesh("cpu", (world,), mesh_dim_names=("other_shards",))]
+  if world % 2 == 0:
+    meshes.append(init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp")))
   impls: dict = {}
   with open(spec["results"], "a", encoding="utf-8") as out:
     for call in spec["calls"]:

@@ -36,8 +36,15 @@ Which leaves take which way (decided from metadata, so every rank takes the same
 * ``Shard(0)`` on a 1-D mesh: the rank's rows, as above;
 * ``Replicate()`` on any mesh: whole on every rank, reduced by every rank (the CUDA route:
   measured by the group's first rank, so that it counts once), nothing sent;
-* anything else (``Shard(1)``, a 2-D mesh, ``Partial``): gathered with ``full_tensor()`` and
-  then treated as replicated; this moves that leaf whole, the only gather on these routes.
+* on the CUDA route, pieces (``Shard(d)`` or ``Replicate()`` on every dimension of a 1-D
+  mesh, or of a larger mesh over every rank: tensor parallelism's ``Shard(1)``, FSDP with it
+  on a 2-D mesh): each rank measures its piece in place (a piece copied along a
+  ``Replicate`` mesh dimension by the first rank along it), since a system's measures do not
+  depend on where its elements are; its ids are cut at the piece's rows. Max-step's vectors
+  are rows, so for it only pieces of rows are read in place;
+* anything else (``Partial``; pieces on the numba route, whose blocks follow the rows; a
+  leaf split by columns for max-step): gathered with ``full_tensor()`` and then treated as
+  replicated; this moves that leaf whole, the only gather on these routes.
 
 A whole call gathers (every DTensor leaf, segment and threshold made whole, the unsharded call
 run on every rank, each output cut back to its placements) when no exchange of partials is
@@ -198,7 +205,8 @@ def clip_sharded(clipping: Any, leaves: Any, call: Any):
   done = None
   if ways is not None and clipping.cpu_kernels and all(branches.on_host(x.device)
                                                        for x in leaves):
-    done = partials.clip(leaves, call, ways)  # the numba kernels' bits: block results
+    # The numba kernels' bits: block results, in the order of the rows (pieces made whole).
+    done = partials.clip(leaves, call, ["gathered" if w == "pieces" else w for w in ways])
   elif ways is not None and intervals.applies(leaves, call, clipping.certified):
     done = intervals.clip(leaves, call, ways)  # the CUDA route's: certified intervals
   if done is not None:
@@ -208,8 +216,8 @@ def clip_sharded(clipping: Any, leaves: Any, call: Any):
 
 
 def _partial_ways(leaves: Any, call: Any) -> list[str] | None:
-  """Per leaf ``"rows"``, ``"replicated"`` or ``"gathered"`` when the call can exchange
-  partials (from metadata only: every rank decides alike), else None."""
+  """Per leaf ``"rows"``, ``"pieces"``, ``"replicated"`` or ``"gathered"`` when the call can
+  exchange partials (from metadata only: every rank decides alike), else None."""
   import torch  # pylint: disable=import-outside-toplevel
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
   if not (isinstance(leaves, (list, tuple)) and leaves):
@@ -232,13 +240,33 @@ def _partial_ways(leaves: Any, call: Any) -> list[str] | None:
       ways.append("replicated")
     elif _row_split(x):
       ways.append("rows")
+    elif _disjoint_pieces(x, call.op):
+      ways.append("pieces")
     else:
       ways.append("gathered")
-  meshes = {id(x.device_mesh): x.device_mesh for x, w in zip(leaves, ways) if w == "rows"}
+  meshes = {id(x.device_mesh): x.device_mesh for x, w in zip(leaves, ways)
+            if w in ("rows", "pieces")}
   members = {tuple(sorted(m.mesh.reshape(-1).tolist())) for m in meshes.values()}
   if len(members) > 1:
     return None
   return ways
+
+
+def _disjoint_pieces(value: Any, op: str) -> bool:
+  """Whether ``value``'s local tensors are pieces of it that no two ranks share, but for
+  copies along ``Replicate`` mesh dimensions (``Shard(d)`` or ``Replicate()`` on every
+  dimension of the mesh: tensor parallelism, a 2-D mesh of FSDP and tensor parallelism), on a
+  1-D mesh or one over every rank (so that one group holds every piece). A max-step vector is
+  a leaf's row, so for ``clip_by_max_step`` only rows may be split."""
+  import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+  from torch.distributed.tensor import Shard  # pylint: disable=import-outside-toplevel
+  mesh = value.device_mesh
+  if mesh.ndim > 1 and mesh.size() != dist.get_world_size():
+    return False
+  split = [p.dim for p in value.placements if type(p) is Shard]  # not _StridedShard
+  if not split or len(split) + sum(p.is_replicate() for p in value.placements) != mesh.ndim:
+    return False  # a Partial (a pending sum) or another placement: made whole
+  return op != "clip_by_max_step" or all(d == 0 for d in split)
 
 
 def _clip_gathering(clipping: Any, leaves: Any, call: Any):

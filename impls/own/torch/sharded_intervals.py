@@ -19,9 +19,11 @@ partial measures may be reduced across ranks in any order:
 
 One rank's call:
 
-1. its rows of each leaf (``to_local()``; a replicated leaf whole; a leaf of another placement
-   made whole by ``full_tensor()``), checked as the unsharded call checks them. A replicated
-   (or gathered) leaf is measured by the group's first rank alone, so that it counts once;
+1. its rows of each leaf (``to_local()``; a replicated leaf whole; a piece of a leaf split by
+   columns or on a 2-D mesh, in place; a leaf of another placement made whole by
+   ``full_tensor()``), checked as the unsharded call checks them. A replicated (or gathered)
+   leaf is measured by the group's first rank alone, and a piece copied along a mesh
+   dimension by the first rank along it, so that each element counts once;
 2. the passes over its rows (the eager kernels, as on one device), and after each pass one
    exchange of its per-system float64 results (8 or 16 bytes per system), each value folded
    by one fold in rank order, so that every rank has the same bits (:class:`_Exchange`). The
@@ -83,8 +85,8 @@ from clipbench.impls.own.torch.measure import Measured, measure
 from clipbench.impls.own.torch.oracles import PowerOracle, SumOracle, exact_oracles
 from clipbench.impls.own.torch.sharded_partials import (TRAFFIC, AbandonedCall, _as_output,
                                                         _chunks, _local_segments, _MeshOrder,
-                                                        _system_count, full_tensor, like_input,
-                                                        local_pieces)
+                                                        _system_count, _to_local, full_tensor,
+                                                        like_input)
 
 
 def kind_of(op: str, norm_type: Any) -> str | None:
@@ -426,14 +428,54 @@ class _Agreement:
             for i, k in enumerate(systems)}
 
 
+def _local_pieces(leaves: list[Any], ways: list[str]):
+  """(indices of the split leaves, the group that holds every piece, this rank's tensor of
+  every leaf), or None when no leaf is split. The group: the 1-D mesh's, or every rank
+  (``sharded._disjoint_pieces`` admits larger meshes only over every rank)."""
+  split_at = [i for i, w in enumerate(ways) if w in ("rows", "pieces")]
+  if not split_at:
+    return None
+  mesh = leaves[split_at[0]].device_mesh
+  group = mesh.get_group(0) if mesh.ndim == 1 else dist.group.WORLD
+  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
+  return split_at, group, local
+
+
+def _piece_rows(leaf: Any) -> tuple[int, int]:
+  """(first row, rows) of this rank's piece of ``leaf``: DTensor's chunking of the rows
+  (``torch.chunk``: ``ceil(rows / n)`` a rank, the last short or empty) by every mesh
+  dimension that splits them, in mesh order."""
+  rows = leaf.shape[0] if leaf.dim() else 1
+  start = 0
+  coordinate = leaf.device_mesh.get_coordinate()
+  for dim, placement in enumerate(leaf.placements):
+    if placement.is_shard(0):
+      chunk = -(-rows // leaf.device_mesh.size(dim))
+      first = min(coordinate[dim] * chunk, rows)
+      start, rows = start + first, min(chunk, rows - first)
+  return start, rows
+
+
+def _measured_here(leaf: Any, way: str, first_rank: bool) -> bool:
+  """Whether this rank's piece of ``leaf`` counts in the reduced measures, so that every
+  element counts once: split rows always; a piece where this rank is first along every mesh
+  dimension that copies it; a whole leaf at the group's first rank."""
+  if way == "rows":
+    return True
+  if way == "pieces":
+    coordinate = leaf.device_mesh.get_coordinate()
+    return all(c == 0 for c, p in zip(coordinate, leaf.placements) if p.is_replicate())
+  return first_rank
+
+
 def clip(leaves: list[Any], call: Any, ways: list[str]):
   """(outputs, norms) by exchanged measures, or None where the call must gather instead
   (every rank returns None alike)."""
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
-  pieces = local_pieces(leaves, ways)
+  pieces = _local_pieces(leaves, ways)
   if pieces is None:
     return None
-  rows_at, group, local = pieces
+  split_at, group, local = pieces
   first_rank = dist.get_rank(group) == 0
   device = local[0].device
   segments = call.segments
@@ -445,7 +487,11 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     order = _MeshOrder(group)
     me = dist.get_rank(group)
     starts = np.zeros(len(leaves), np.int64)
-    for i in rows_at:
+    for i in split_at:
+      if ways[i] == "pieces":
+        starts[i], rows = _piece_rows(leaves[i])
+        valid = valid and rows == local_rows[i]
+        continue
       start, rows = _chunks(np.array([leaves[i].shape[0]], np.int64),
                             order.coordinates(leaves[i].device_mesh)[None, :])
       starts[i] = start[0, me]
@@ -486,7 +532,7 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     batch.per_system = segments is not None
     if nonfinite == "zero":
       batch = sanitize(batch)
-    counted = [first_rank or w == "rows" for w in ways] if valid else []
+    counted = [_measured_here(x, w, first_rank) for x, w in zip(leaves, ways)] if valid else []
     measured_batch = batch.with_leaves([
         leaf if keep else dataclasses.replace(leaf, rows=0)
         for leaf, keep in zip(batch.leaves, counted)])

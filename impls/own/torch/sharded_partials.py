@@ -245,8 +245,9 @@ def _local_segments(leaf: Any, way: str, seg: Any, offset: int, local_rows: int)
   piece; anything else is made whole, then cut)."""
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
   if isinstance(seg, DTensor):
-    if (way == "rows" and seg.device_mesh == leaf.device_mesh
-        and tuple(seg.placements) == tuple(leaf.placements) and seg.shape[:1] == leaf.shape[:1]):
+    if (way in ("rows", "pieces") and seg.device_mesh == leaf.device_mesh
+        and tuple(seg.placements) == _rows_placements(leaf)
+        and seg.shape[:1] == leaf.shape[:1]):
       return seg.to_local()
     seg = full_tensor(seg)
   if isinstance(seg, (list, tuple)):
@@ -254,10 +255,17 @@ def _local_segments(leaf: Any, way: str, seg: Any, offset: int, local_rows: int)
       seg = np.asarray(seg)
     except (TypeError, ValueError):
       return seg  # the checks below refuse it as the unsharded call does
-  if way != "rows" or not isinstance(seg, (torch.Tensor, np.ndarray)) or seg.ndim != 1 or (
-      seg.shape[0] != leaf.shape[0]):
+  if way not in ("rows", "pieces") or not isinstance(seg, (torch.Tensor, np.ndarray)) or (
+      seg.ndim != 1 or seg.shape[0] != leaf.shape[0]):
     return seg  # whole (or unusable: the checks below say so)
   return seg[offset:offset + local_rows]
+
+
+def _rows_placements(leaf: Any) -> tuple:
+  """The placements of ids that hold the ids of ``leaf``'s local rows: split where the leaf's
+  rows are, whole elsewhere."""
+  from torch.distributed.tensor import Replicate  # pylint: disable=import-outside-toplevel
+  return tuple(p if p.is_shard(0) else Replicate() for p in leaf.placements)
 
 
 def local_pieces(leaves: list[Any], ways: list[str]):
