@@ -10,13 +10,15 @@ is imported, so the module also runs by hand). The mesh axes are ``Auto`` (XLA's
 chooses how to split each operation, as under ``pjit``), not jax 0.12's ``Explicit`` default
 of ``jax.make_mesh``. Leaves go on a one-axis mesh of 2 or 4 CPU devices with
 ``jax.device_put`` and ``NamedSharding``: ``PartitionSpec("shards")`` splits rows,
-``PartitionSpec()`` replicates. Each implementation is called as its users call it: under an
+``PartitionSpec(None, "shards")`` columns (their ids replicated), ``PartitionSpec()``
+replicates. Each implementation is called as its users call it: under an
 outer ``jax.jit`` where it declares ``jit``, else eagerly. The unsharded call is the same
 function on arrays on one device, in the same process, called after the sharded one.
 
 Where JAX cannot express a layout, the row says so (``not-applicable`` with the reason):
-``device_put`` refuses rows that do not divide evenly, so uneven and empty shards are made
-inside the jitted function with ``with_sharding_constraint`` (XLA pads the last shards), which
+``device_put`` refuses rows (or columns) that do not divide evenly, so uneven and empty shards
+are made inside the jitted function with ``with_sharding_constraint`` (XLA pads the last
+shards), which
 an implementation called eagerly cannot receive; and JAX refuses arrays committed to
 different devices in one computation before any implementation code runs.
 """
@@ -52,7 +54,7 @@ STATUSES = ("identical", "differs", "error", "not-applicable")
 
 DIFFERENT_DEVICES = ("JAX refuses arrays committed to different devices in one computation "
                      "(ValueError: incompatible devices) before any implementation code runs")
-UNEVEN_EAGER = ("uneven shards exist only inside jax.jit (device_put needs rows that divide "
+UNEVEN_EAGER = ("uneven shards exist only inside jax.jit (device_put needs rows or columns that divide "
                 "evenly), and this implementation is called eagerly (it does not declare jit)")
 
 
@@ -65,46 +67,52 @@ def mesh(devices: int) -> jax.sharding.Mesh:
                        devices=jax.devices()[:devices])
 
 
-def _rows_spec(ndim: int) -> P:
-  return P(AXIS, *([None] * (ndim - 1))) if ndim else P()
+def _split_spec(axis: int | None, ndim: int) -> P:
+  """The leaf (or ids) of ``ndim`` axes split along ``axis`` (None, or an axis it lacks:
+  replicated)."""
+  if axis is None or axis >= ndim:
+    return P()
+  return P(*([None] * axis), AXIS, *([None] * (ndim - axis - 1)))
 
 
 def place(layout: layouts.Layout, leaves: list[Any], segments: list[Any] | None
           ) -> tuple[list[Any], list[Any] | None, tuple[Any, ...]]:
   """The leaves (and segments) placed as ``layout`` says, and per leaf whether a jitted caller
-  must split its rows inside the function (``device_put`` refuses an uneven split)."""
+  must split it inside the function (``device_put`` refuses an uneven split)."""
   m = mesh(layout.devices)
 
-  def target(i: int, ndim: int) -> Any:
+  def target(i: int, ndim: int, ids: bool) -> Any:
     kind = layout.placements[i]
     if kind == layouts.ON_DEVICE:
       return jax.devices()[layout.device_of(i)]
-    if kind == layouts.REPLICATED or not layout.evenly_split(i):
+    axis = layout.split_axis(i)
+    if axis is None or not layout.evenly_split(i) or (ids and axis > 0):
       return NamedSharding(m, P())
-    return NamedSharding(m, _rows_spec(ndim))
+    return NamedSharding(m, _split_spec(axis, ndim))
 
-  placed = [jax.device_put(x, target(i, x.ndim)) for i, x in enumerate(leaves)]
+  placed = [jax.device_put(x, target(i, x.ndim, False)) for i, x in enumerate(leaves)]
   placed_segments = None if segments is None else [
-      jax.device_put(g, target(i, g.ndim)) for i, g in enumerate(segments)]
-  inside = tuple(layout.placements[i] == layouts.ROWS and not layout.evenly_split(i)
-                 for i in range(len(leaves)))
+      jax.device_put(g, target(i, g.ndim, True)) for i, g in enumerate(segments)]
+  inside = tuple(layout.split_axis(i) if layout.split_axis(i) is not None
+                 and not layout.evenly_split(i) else None for i in range(len(leaves)))
   return placed, placed_segments, inside
 
 
-def _caller(fn, threshold: Any, kwargs: dict[str, Any], split_inside: tuple[bool, ...] | None,
+def _caller(fn, threshold: Any, kwargs: dict[str, Any], split_inside: tuple[Any, ...] | None,
             devices: int, jitted: bool):
-  """``fn(leaves, threshold, **kwargs)`` as a user calls it; under jit, the leaves (and their
-  segments) marked in ``split_inside`` get their rows split across the mesh first."""
+  """``fn(leaves, threshold, **kwargs)`` as a user calls it; under jit, the leaves marked in
+  ``split_inside`` (by the axis to split, else None) are split across the mesh first, and
+  their segments too where the leaf's rows are."""
 
-  def split(x):
-    spec = NamedSharding(mesh(devices), _rows_spec(x.ndim))
+  def split(x, axis):
+    spec = NamedSharding(mesh(devices), _split_spec(axis, x.ndim))
     return jax.lax.with_sharding_constraint(x, spec)
 
   def call(leaves, segments):
     if split_inside is not None:
-      leaves = [split(x) if s else x for x, s in zip(leaves, split_inside)]
+      leaves = [x if a is None else split(x, a) for x, a in zip(leaves, split_inside)]
       if segments is not None:
-        segments = [split(g) if s else g for g, s in zip(segments, split_inside)]
+        segments = [split(g, 0) if a == 0 else g for g, a in zip(segments, split_inside)]
     kw = dict(kwargs)
     if segments is not None:
       kw["segments"] = list(segments)
@@ -128,8 +136,8 @@ def run_case(impl: registry.Implementation, op: str, case: layouts.ShardingCase)
   jitted = "jit" in impl.capabilities.transforms
   row["how"] = "jax.jit" if jitted else "eager"
   layout = case.layout
-  if not jitted and any(p == layouts.ROWS and not layout.evenly_split(i)
-                        for i, p in enumerate(layout.placements)):
+  if not jitted and any(layout.split_axis(i) is not None and not layout.evenly_split(i)
+                        for i in range(len(layout.placements))):
     return dict(row, status="not-applicable", note=UNEVEN_EAGER)
   kw = inputs.kwargs(op)
   if op == "clip_grad_norm":
@@ -144,7 +152,7 @@ def run_case(impl: registry.Implementation, op: str, case: layouts.ShardingCase)
   # placed everything it is the same jitted function (jit retraces per input sharding).
   try:
     leaves, placed_segments, inside = place(layout, prepared.leaves, segments)
-    caller = plain if not any(inside) else _caller(
+    caller = plain if all(a is None for a in inside) else _caller(
         fn, prepared.threshold, static, inside, layout.devices, jitted)
     result = jax.block_until_ready(caller(leaves, placed_segments))
   except ValueError as e:

@@ -1,8 +1,10 @@
 """The shard layouts of rule 14 and the inputs of each case, independent of any framework.
 
 A layout says how many devices (shards) there are and where each leaf lives: its rows split
-across every shard (``ROWS``; evenly, unevenly, or leaving a shard with no rows), the whole
-leaf on one device (``ON_DEVICE``, leaf i on device i mod n), or a full copy on every device
+across every shard (``ROWS``; evenly, unevenly, or leaving a shard with no rows), its columns
+split (``COLUMNS``, tensor parallelism: a leaf's second axis, 3 columns over 2 or 4 shards, so
+unevenly and, over 4, leaving one shard none; a 1-D leaf's rows), the whole leaf on one
+device (``ON_DEVICE``, leaf i on device i mod n), or a full copy on every device
 (``REPLICATED``). Per-system layouts give each leaf segments whose systems run across shard
 boundaries (a system's rows on two shards, and on several leaves). Each runner maps these
 placements onto its engine (JAX ``NamedSharding``, torch ``DTensor``) and states where the
@@ -23,9 +25,11 @@ import numpy as np
 from clipbench.conformance.cases import BF16, Inputs
 
 ROWS = "rows"
+COLUMNS = "columns"
 REPLICATED = "replicated"
 ON_DEVICE = "device"
-PLACEMENTS = (ROWS, REPLICATED, ON_DEVICE)
+PLACEMENTS = (ROWS, COLUMNS, REPLICATED, ON_DEVICE)
+_COLUMNS = 3  # of every leaf but the 1-D one (``_build``'s shapes)
 
 PER_SYSTEM_OPS = ("clip_by_global_norm", "clip_by_max_step")
 PROFILES = ("ci", "thorough")
@@ -63,8 +67,16 @@ class Layout:
     """The device holding leaf ``leaf`` whole (``ON_DEVICE`` placements)."""
     return leaf % self.devices
 
+  def split_axis(self, leaf: int) -> int | None:
+    """The axis a leaf is split along (None: not split)."""
+    kind = self.placements[leaf]
+    if kind == COLUMNS and leaf != 1:
+      return 1
+    return 0 if kind in (ROWS, COLUMNS) else None
+
   def evenly_split(self, leaf: int) -> bool:
-    return self.rows[leaf] % self.devices == 0
+    size = _COLUMNS if self.split_axis(leaf) == 1 else self.rows[leaf]
+    return size % self.devices == 0
 
   def shard_rows(self, leaf: int) -> list[int]:
     """Rows of each shard of a ``ROWS`` leaf, as torch's ``Shard(0)`` and XLA split them:
@@ -90,6 +102,9 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("systems-straddle-2", 2, (14, 10, 8), _SPLIT, per_system=True),
     Layout("systems-straddle-4", 4, (16, 12, 8), _SPLIT, per_system=True),
     Layout("systems-straddle-uneven-4", 4, (15, 10, 7), _SPLIT, per_system=True),
+    Layout("columns-2", 2, (7, 6, 5), (COLUMNS,) * 3),
+    Layout("columns-4", 4, (9, 6, 5), (COLUMNS,) * 3),
+    Layout("columns-systems-4", 4, (16, 12, 8), (COLUMNS,) * 3, per_system=True),
 )
 
 
@@ -124,8 +139,9 @@ VARIANTS: tuple[Variant, ...] = (
 CI_CASES: dict[str, frozenset[str]] = {
     "clip_grad_norm": frozenset({
         "rows-uneven-4-p2", "empty-shard-4-p2", "leaves-on-devices-2-p2", "mixed-4-p2",
-        "rows-even-2-pinf-nonfinite-propagate", "rows-uneven-4-nonfinite-zero"}),
-    **{op: frozenset({"systems-straddle-uneven-4-p2", "systems-straddle-4-nonfinite-propagate"})
+        "rows-even-2-pinf-nonfinite-propagate", "rows-uneven-4-nonfinite-zero", "columns-2-p2"}),
+    **{op: frozenset({"systems-straddle-uneven-4-p2", "systems-straddle-4-nonfinite-propagate",
+                      "columns-systems-4-p2"})
        for op in PER_SYSTEM_OPS},
 }
 

@@ -14,15 +14,15 @@ when it has one row, and then on the first. A mesh over the ranks in another ord
 measured), so those cases are not applicable here; the nearest torch layouts are
 ``empty-shard-4`` (leaves held by some ranks only) and ``two-meshes-*``.
 
+The shared ``columns`` placement (tensor parallelism) is ``Shard(1)`` for the 2-D leaves and
+``Shard(0)`` for the 1-D one; ids are whole on every rank (the 1-D leaf's split like it).
+
 Torch's own layouts, with the shared variants:
 
 * ``two-meshes-N``: rows split, alternate leaves on a second mesh over the same ranks (alike
   but not equal: its dimension has another name), the case of pytorch/pytorch#180346;
 * ``fsdp2-N``: the DTensor gradients of a small model wrapped with ``fully_shard`` (FSDP2),
   ``clip_grad_norm`` only; the model, not the layout, makes the values;
-* ``columns-N`` and ``columns-systems-N``: tensor parallelism, the 2-D leaves split by
-  columns (``Shard(1)``: 3 columns over 4 ranks are 1, 1, 1, 0), the 1-D leaf by rows; the
-  per-system ids whole on every rank (the 1-D leaf's split like it);
 * ``dp-tp-N`` and ``dp-tp-systems-N``: a 2-D mesh of ``(2, N / 2)`` ranks, FSDP's rows on the
   first dimension and tensor parallelism's columns on the second (``[Shard(0), Shard(1)]``),
   the 1-D leaf split by rows and copied along the second (``[Shard(0), Replicate()]``, as a
@@ -42,7 +42,6 @@ ON_DEVICE_NOTE = (
 
 TWO_MESHES = "two-meshes"
 FSDP2 = "fsdp2"
-COLUMNS = "columns"
 DP_TP = "dp-tp"
 
 _TORCH_LAYOUTS = (
@@ -52,17 +51,14 @@ _TORCH_LAYOUTS = (
     # W-1 rows, which leave the last rank without any.
     shared.Layout(f"{FSDP2}-2", 2, (5, 5, 1, 1), (shared.ROWS,) * 4),
     shared.Layout(f"{FSDP2}-4", 4, (9, 9, 3, 3), (shared.ROWS,) * 4),
-    shared.Layout(f"{COLUMNS}-2", 2, (7, 6, 5), (shared.ROWS,) * 3),
-    shared.Layout(f"{COLUMNS}-4", 4, (9, 6, 5), (shared.ROWS,) * 3),
-    shared.Layout(f"{COLUMNS}-systems-4", 4, (16, 12, 8), (shared.ROWS,) * 3, per_system=True),
     shared.Layout(f"{DP_TP}-4", 4, (9, 6, 5), (shared.ROWS,) * 3),
     shared.Layout(f"{DP_TP}-systems-4", 4, (15, 10, 7), (shared.ROWS,) * 3, per_system=True),
 )
 _TORCH_VARIANTS = ("p2", "p1", "pinf", "nonfinite-zero")
 # ci: the shared ci cases, and each torch layout at p = 2. (fsdp2-*-pinf, the norm of
 # meta-pytorch/torchrec#3199, deadlocks torch's clip_grad_norm_: a group restart, thorough only.)
-CI_TORCH_CASES = frozenset({"two-meshes-4-p2", "fsdp2-2-p2", "fsdp2-4-p2", "columns-2-p2",
-                            "columns-systems-4-p2", "dp-tp-4-p2", "dp-tp-systems-4-p2"})
+CI_TORCH_CASES = frozenset({"two-meshes-4-p2", "fsdp2-2-p2", "fsdp2-4-p2", "dp-tp-4-p2",
+                            "dp-tp-systems-4-p2"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +78,10 @@ class TorchCase(shared.ShardingCase):
     return self.layout.name.startswith(DP_TP)
 
   def placements(self, leaf: int, ndim: int, ids: bool = False) -> list:
-    """The torch placements of leaf ``leaf`` (of ``ndim`` dimensions), or of its ids (the
-    columns and 2-D layouts split every leaf)."""
+    """The torch placements of leaf ``leaf`` (of ``ndim`` dimensions), or of its ids (the 2-D
+    layouts split every leaf)."""
     from torch.distributed.tensor import Replicate, Shard  # pylint: disable=import-outside-toplevel
-    if self.layout.name.startswith(COLUMNS):
+    if self.layout.placements[leaf] == shared.COLUMNS:
       return [Shard(0)] if ndim == 1 else [Replicate()] if ids else [Shard(1)]
     if self.on_2d_mesh:
       return [Shard(0), Shard(1) if ndim > 1 and not ids else Replicate()]

@@ -23,8 +23,9 @@ from the element bits of one chosen vector per system and round (``step_ties``);
 route reads as a few blocks, the leaves side by side so that their rows stay where they are.
 Leaves split by columns (tensor parallelism) are compiled too: the graph route reads float32
 leaves on their own axes and passes, and their sharded bits are checked against the
-unsharded call's (rule 14's grid splits rows only); its float64 pass and the FFI route move
-them, and the float64 pass moves leaves whose rows do not divide among the devices. The FFI route's float64 cases are its float64 exchanges. The cases
+unsharded call's (rule 14's grid splits 3 columns, unevenly; these are larger); its float64
+pass and the FFI route move them, and the float64 pass moves leaves whose rows do not divide
+among the devices. The FFI route's float64 cases are its float64 exchanges. The cases
 that still move leaf-sized data are strict expected failures that turn into failures the day
 they stop (then drop the mark). optax's ``clip_by_global_norm`` on the same leaves is the
 control that passes: a partitioned program whose only collective is the all-reduce of
