@@ -64,6 +64,7 @@ def failures() -> list[str]:
   found += _unchunked_failures(mesh)
   found += _intervals_failures(mesh)
   found += _pieces_failures(mesh)
+  found += _column_pieces_failures(mesh)
   found += _owners_exchange_failures()
   return [f for f in found if f]
 
@@ -196,14 +197,15 @@ def _wide_intervals_bound(leaves, systems: int) -> int:
 
 
 def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
-                found: list[str], bound_of=_blocks_bound) -> int:
-  """Checks one call against the unsharded one; returns the bytes this rank sent."""
+                found: list[str], bound_of=_blocks_bound, gathers: bool = False) -> int:
+  """Checks one call against the unsharded one (that it took the gathering way where
+  ``gathers``, else not); returns the bytes this rank sent."""
   before = sharded.TRAFFIC.snapshot()
   out, norms = fn(*sharded_args, **kwargs)
   after = sharded.TRAFFIC.snapshot()
   want_out, want_norms = fn(*plain_args, **plain_kwargs)
-  if after.gathered_calls != before.gathered_calls:
-    found.append(f"{name}: the call gathered its leaves")
+  if (after.gathered_calls != before.gathered_calls) != gathers:
+    found.append(f"{name}: the call {'did not gather' if gathers else 'gathered'} its leaves")
   sent = after.bytes_sent - before.bytes_sent
   bound = None if bound_of is None else bound_of(sharded_args[0], kwargs.get("num_systems", 1))
   if bound is not None and sent > bound:
@@ -449,6 +451,77 @@ def _pieces_failures(mesh) -> list[str]:
     found.append(_raises(lambda: eager.clip_by_global_norm(
         leaves, threshold, segments=placed_ids[:3] + [bad], num_systems=K), ValueError,
         "segments[3]"))
+  return [f"rank {dist.get_rank()}: {f}" for f in found if f]
+
+
+def _sub_blocks_bound(passes: int):
+  """What the numba way may send for leaves split by columns on the sub-block grid (each
+  rank's stretch of a row a multiple of ``SUB_BLOCK`` elements, from a multiple of it), in
+  ``passes`` exchanges: the layout, and per pass 17 bytes per sub-block (a double-double's
+  16 and flags) and per block of this rank's piece; no element travels."""
+
+  def bound(leaves, systems: int) -> int:
+    held = sum(x.to_local().numel() for x in leaves)
+    return 8 * (1 + 4 * len(leaves)) + 4 * systems * len(leaves) + passes * 17 * (
+        held // SUB_BLOCK + held // BLOCK + 2 * systems * len(leaves))
+
+  return bound
+
+
+def _column_pieces_failures(mesh) -> list[str]:
+  """The numba route on leaves split by columns wide enough (each rank's stretch of a row at
+  least ``SUB_BLOCK`` elements) and on a 2-D mesh: read in place, the unsharded bits, and on
+  the sub-block grid only sub-block results move; narrower columns are made whole."""
+  if dist.get_world_size() < 2:
+    return []
+  gen = torch.Generator().manual_seed(34)
+  ranks = dist.get_world_size()
+  wide_mesh = init_device_mesh("cpu", (1, ranks), mesh_dim_names=("dp", "tp"))
+  tall_mesh = init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("dp", "tp"))
+  grid = [torch.randn(24, ranks * 4 * SUB_BLOCK, generator=gen),
+          torch.randn(5, ranks, 2 * SUB_BLOCK, generator=gen).to(torch.bfloat16)]
+  # Off the grid: 700 columns a rank (the last 699), a bfloat16 leaf of 2 x 300 per column.
+  off_grid = [torch.randn(40, 700 * ranks - 1, generator=gen),
+              torch.randn(3, 2 * ranks, 300, generator=gen).to(torch.bfloat16)]
+  found: list[str] = []
+  on_grid = [distribute_tensor(grid[0], mesh, [Shard(1)], src_data_rank=None),
+             distribute_tensor(grid[1], wide_mesh, [Replicate(), Shard(1)], src_data_rank=None)]
+  for p in (2.0, 1.0, float("inf"), 8.0):
+    _check_call(f"numba route, columns on the sub-block grid: clip_grad_norm p={p}",
+                eager.clip_grad_norm, (on_grid, 3.0), (grid, 3.0), dict(norm_type=p),
+                dict(norm_type=p), found, _sub_blocks_bound(1 if p <= 6 else 2))
+  whole = grid + off_grid
+  leaves = on_grid + [
+      distribute_tensor(off_grid[0], tall_mesh, [Shard(0), Shard(1)], src_data_rank=None),
+      distribute_tensor(off_grid[1], mesh, [Shard(1)], src_data_rank=None)]
+  for p in (2.0, 3.0, float("inf")):
+    _check_call(f"numba route, columns: clip_grad_norm p={p}", eager.clip_grad_norm,
+                (leaves, 3.0), (whole, 3.0), dict(norm_type=p), dict(norm_type=p), found,
+                None)
+  K = 6
+  ids = [torch.sort(torch.randint(0, K, (x.shape[0],), generator=gen)).values for x in whole]
+  threshold = torch.rand(K, generator=gen, dtype=torch.float64) * 40
+  _, norms = eager.clip_by_global_norm(whole, threshold, segments=ids, num_systems=K)
+  # Thresholds at the systems' norms: near-ties, settled from every rank's exact partials
+  # (a copy's counted once).
+  for name, c in (("", threshold), (" at the norms", norms.to(torch.float64))):
+    _check_call(f"numba route, columns: clip_by_global_norm{name}", eager.clip_by_global_norm,
+                (leaves, c), (whole, c), dict(segments=ids, num_systems=K),
+                dict(segments=ids, num_systems=K), found, None)
+  sent = _check_call("numba route, columns: clip_by_max_step", eager.clip_by_max_step,
+                     (leaves, threshold), (whole, threshold), dict(segments=ids, num_systems=K),
+                     dict(segments=ids, num_systems=K), found, None, gathers=True)
+  if sent < leaves[0].to_local().numel() * 4:
+    found.append(f"numba route, columns: max-step sent {sent} bytes; a leaf split by columns "
+                 "splits its vectors, and is made whole")
+  narrow = [distribute_tensor(x, mesh, [Shard(1)], src_data_rank=None)
+            for x in (torch.randn(500, 3 * ranks, generator=gen),)]
+  before = sharded.TRAFFIC.snapshot()
+  _check_call("numba route, narrow columns: clip_grad_norm", eager.clip_grad_norm,
+              (narrow, 3.0), ([x.full_tensor() for x in narrow], 3.0), {}, {}, found, None,
+              gathers=True)
+  if sharded.TRAFFIC.bytes_sent - before.bytes_sent < narrow[0].to_local().numel() * 4:
+    found.append("numba route, narrow columns: the leaf was not made whole")
   return [f"rank {dist.get_rank()}: {f}" for f in found if f]
 
 

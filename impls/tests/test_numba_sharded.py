@@ -85,39 +85,57 @@ def _split_rows(rows: int, ranks: int, rng) -> list[int]:
 
 
 def sharded_call(op: str, leaves, threshold, *, ranks: int, rng, segments=None,
-                 num_systems=None, replicated=(), reorder=False, point_to_point=True, **kwargs):
+                 num_systems=None, replicated=(), reorder=False, point_to_point=True, grid=None,
+                 column_split=None, **kwargs):
   """Every rank's (outputs, norms) of the sharded call, and the bytes each rank sent (by
-  all-gather, point to point)."""
+  all-gather, point to point). ``grid`` (row groups, column groups; their product ``ranks``):
+  each leaf of two axes or more split both ways (tensor parallelism on a 2-D mesh), a rank's
+  piece its row group's rows of its columns, unevenly (``column_split``: these columns per
+  column group)."""
   p = 2.0 if op == "clip_by_max_step" else kwargs.get("norm_type", 2.0)
   nonfinite = kwargs.get("nonfinite", "propagate")
   K = num_systems if segments is not None else 1
   nl = len(leaves)
   # A 0-d leaf has no rows to split: every rank holds it.
   replicated = tuple(replicated) + tuple(i for i, x in enumerate(leaves) if x.ndim == 0)
-  splits, orders = [], []
-  for i, x in enumerate(leaves):
-    rows = x.shape[0] if x.ndim else 1
-    splits.append([rows] * ranks if i in replicated else _split_rows(rows, ranks, rng))
-    orders.append(rng.permutation(ranks) if reorder else np.arange(ranks))
   counts = np.zeros((ranks, nl, K), dtype=np.int64)
   pieces = [[None] * nl for _ in range(ranks)]
   ids = [[None] * nl for _ in range(ranks)]
+  columns = np.zeros((nl, ranks, 2), dtype=np.int64)
+  orders = []
   for i, x in enumerate(leaves):
-    start = 0
-    for g in orders[i].tolist():
-      n = splits[i][g]
-      lo = 0 if i in replicated else start
-      rows = slice(lo, lo + n)
-      pieces[g][i] = np.array(x[rows] if x.ndim else x, order="C")  # keeps a 0-d leaf 0-d
+    rows = x.shape[0] if x.ndim else 1
+    rowsize = int(np.prod(x.shape[1:], dtype=np.int64))
+    if grid is not None and x.ndim >= 2 and i not in replicated:
+      row_groups, column_groups = grid
+      row_cuts = np.cumsum([0] + _split_rows(rows, row_groups, rng))
+      column_cuts = np.cumsum([0] + (column_split or _split_rows(x.shape[1], column_groups,
+                                                                  rng)))
+      at = [(row_cuts[g // column_groups], row_cuts[g // column_groups + 1],
+             column_cuts[g % column_groups], column_cuts[g % column_groups + 1])
+            for g in range(ranks)]
+      order = np.array(sorted(range(ranks), key=lambda g: (g // column_groups, at[g][2])))
+    else:
+      split = [rows] * ranks if i in replicated else _split_rows(rows, ranks, rng)
+      order = rng.permutation(ranks) if reorder else np.arange(ranks)
+      starts = np.zeros(ranks, np.int64)
+      starts[order] = np.cumsum([0] + [split[g] for g in order.tolist()])[:-1]
+      at = [(0 if i in replicated else starts[g], (0 if i in replicated else starts[g]) + split[g],
+             0, x.shape[1] if x.ndim >= 2 else 1) for g in range(ranks)]
+    orders.append(order)
+    inner = rowsize // max(x.shape[1], 1) if x.ndim >= 2 else 1
+    for g, (r0, r1, c0, c1) in enumerate(at):
+      piece = x[r0:r1, c0:c1] if x.ndim >= 2 else x[r0:r1] if x.ndim else x
+      pieces[g][i] = np.array(piece, order="C")  # keeps a 0-d leaf 0-d
+      columns[i, g] = (c0 * inner, c1 * inner) if x.ndim >= 2 else (0, rowsize)
       if segments is not None:
-        ids[g][i] = np.ascontiguousarray(segments[i][rows])
+        ids[g][i] = np.ascontiguousarray(segments[i][r0:r1])
         counts[g, i] = np.bincount(ids[g][i], minlength=K)
       else:
-        counts[g, i, 0] = n
-      if i not in replicated:
-        start += n
+        counts[g, i, 0] = r1 - r0
   shards = sharded.ShardLayout(counts, np.array(orders, dtype=np.int64).reshape(nl, ranks),
-                               np.array([i in replicated for i in range(nl)], dtype=np.bool_))
+                               np.array([i in replicated for i in range(nl)], dtype=np.bool_),
+                               columns)
   layout = leaf_layout(leaves)
   group = ThreadGroup(ranks, point_to_point)
   results: list = [None] * ranks
@@ -165,12 +183,12 @@ def _stats(source, op, p, nonfinite, layout):
 
 
 def assert_unsharded_bits(op, leaves, threshold, *, ranks, seed, replicated=(), reorder=False,
-                          point_to_point=True, **kwargs):
+                          point_to_point=True, grid=None, column_split=None, **kwargs):
   rng = np.random.default_rng(seed)
   want_out, want_norms = getattr(api, op)(leaves, threshold, **kwargs)
-  results, orders, replicated, sent = sharded_call(op, leaves, threshold, ranks=ranks, rng=rng,
-                                                   replicated=replicated, reorder=reorder,
-                                                   point_to_point=point_to_point, **kwargs)
+  results, orders, replicated, sent = sharded_call(
+      op, leaves, threshold, ranks=ranks, rng=rng, replicated=replicated, reorder=reorder,
+      point_to_point=point_to_point, grid=grid, column_split=column_split, **kwargs)
   for g, (out, norms) in enumerate(results):
     np.testing.assert_array_equal(np.asarray(norms).reshape(-1).view(np.uint8),
                                   np.asarray(want_norms).reshape(-1).view(np.uint8),
@@ -178,6 +196,10 @@ def assert_unsharded_bits(op, leaves, threshold, *, ranks, seed, replicated=(), 
   for i, want in enumerate(want_out):
     if i in replicated:
       got = [results[g][0][i] for g in range(ranks)]
+    elif grid is not None and want.ndim >= 2:  # row groups, each its ranks' columns in order
+      groups = np.split(orders[i], grid[0])
+      got = [np.concatenate([np.concatenate([results[g][0][i] for g in group], axis=1)
+                             for group in groups])]
     else:
       got = [np.concatenate([results[g][0][i] for g in orders[i].tolist()])]
     for x in got:
@@ -321,3 +343,63 @@ def test_beyond_two_ranks_blocks_across_a_boundary_are_completed_at_one_rank():
   assert sent[:, 0].sum() == 9 * len(leaves) * -(-leaves[0].size // BLOCK), sent
   # Sent point to point: at most half of what the all-gather way carries beyond results.
   assert 0 < 2 * sent[:, 1].sum() <= gathered[:, 0].sum() - sent[:, 0].sum(), (sent, gathered)
+
+
+@pytest.mark.parametrize("grid,norm_type", [
+    (grid, p) for grid in ((1, 3), (2, 2)) for p in (2.0, 1.0, 3.0, np.inf, -np.inf, 8.0)]
+                         + [((1, 2), 2.0), ((3, 1), 2.0)])
+def test_leaves_split_by_columns(grid, norm_type):
+  """Tensor parallelism: each rank holds some columns of its row group's rows (uneven, some
+  empty), so a block, even a sub-block, holds a stretch of every rank's columns, row after
+  row; rows of any width, narrower than a sub-block too."""
+  rng = np.random.default_rng(27)
+  leaves = [rng.standard_normal((40, 700)).astype(np.float32),
+            rng.standard_normal((BLOCK // 3, 5)).astype(np.float32),
+            rng.standard_normal((7, 9, SUB_BLOCK)).astype(ml_dtypes.bfloat16),
+            rng.standard_normal((3 * BLOCK + 77,)).astype(np.float32)]
+  assert_unsharded_bits("clip_grad_norm", leaves, 3.0, ranks=grid[0] * grid[1], seed=28,
+                        grid=grid, norm_type=norm_type)
+
+
+@pytest.mark.parametrize("nonfinite", ["propagate", "zero"])
+@pytest.mark.parametrize("sorted_ids", [True, False])
+def test_leaves_split_by_columns_per_system(sorted_ids, nonfinite):
+  rng = np.random.default_rng(29)
+  K = 9
+  leaves = [rng.standard_normal((300, 600)), rng.standard_normal((2000, 6)).astype(np.float32)]
+  leaves[0][17, 301] = np.nan
+  leaves[1][1000, 2] = np.inf
+  segments = [rng.integers(0, K, size=300), rng.integers(0, K, size=2000)]
+  if sorted_ids:
+    segments = [np.sort(s) for s in segments]
+  threshold = rng.uniform(0.5, 30.0, size=K)
+  assert_unsharded_bits("clip_by_global_norm", leaves, threshold, ranks=4, seed=30, grid=(2, 2),
+                        segments=segments, num_systems=K, nonfinite=nonfinite)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 2.5])
+def test_near_ties_of_leaves_split_by_columns(norm_type):
+  """A threshold at a system's exact norm, its rows' columns on every rank."""
+  rows = np.tile(np.array([[3.0, 4.0] * 150], dtype=np.float32), (64, 1))
+  ids = np.repeat(np.arange(2), [20, 44])
+  counts = np.bincount(ids, minlength=2) * 150
+  m = {1.0: 7.0, 2.0: 5.0}.get(norm_type)
+  exact_norm = ((counts * (3.0 ** 2.5 + 4.0 ** 2.5)) ** (1 / 2.5) if m is None
+                else m * counts ** (1 / norm_type))
+  assert_unsharded_bits("clip_by_global_norm", [rows], exact_norm, ranks=3, seed=31,
+                        grid=(1, 3), segments=[ids], num_systems=2, norm_type=norm_type)
+
+
+@pytest.mark.parametrize("split", [[SUB_BLOCK, 3 * SUB_BLOCK], [2 * SUB_BLOCK, 2 * SUB_BLOCK]])
+def test_bytes_sent_for_columns_on_the_sub_block_grid_are_sub_block_results(split):
+  """Each rank's stretch of a row a multiple of ``SUB_BLOCK`` elements from a multiple of it:
+  no sub-block is shared, so no element travels, only the results of sub-blocks (9 bytes);
+  cut one element off the grid, and the elements of the shared sub-blocks travel."""
+  rng = np.random.default_rng(32)
+  leaves = [rng.standard_normal((64, 4 * SUB_BLOCK)).astype(np.float32)]
+  sent = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=33, grid=(1, 2),
+                               column_split=split)
+  assert sent.sum(1).max() <= 9 * leaves[0].size // SUB_BLOCK, sent
+  off = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=33, grid=(1, 2),
+                              column_split=[split[0] + 1, split[1] - 1])
+  assert off.sum(1).max() > 64 * 4 * SUB_BLOCK // 2, off

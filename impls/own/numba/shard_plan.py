@@ -2,8 +2,9 @@
 
 A sharded call (:mod:`.sharded`) must reach the unsharded call's per-block results in its
 fold order. This module says, from the shard layout alone (how many rows of each system each
-rank holds, in which rank order), where every block of the whole leaves lies: wholly in one
-rank's rows, in every rank's (a replicated leaf), or across ranks, in pieces; one level down,
+rank holds, in which rank order, and which stretch of each row where ranks split the columns),
+where every block of the whole leaves lies: wholly in one rank's rows, in every rank's (a
+replicated leaf), or across ranks, in pieces; one level down,
 the same for the ``SUB_BLOCK``-element sub-blocks of the blocks across ranks. Every rank
 computes the same plan, so each knows what every other sends, and
 :func:`exchange_bytes` says how many bytes that is before anything is read.
@@ -32,6 +33,11 @@ class ShardLayout(NamedTuple):
   counts: np.ndarray  # int64 (ranks, leaves, systems): rows of each system each rank holds
   order: np.ndarray  # int64 (leaves, ranks): rank indices in the order of their rows
   replicated: np.ndarray  # bool (leaves,): every rank holds the whole leaf
+  # int64 (leaves, ranks, 2): the elements [start, stop) of each row each rank holds (leaves
+  # split by columns, tensor parallelism); None: whole rows. Ranks of one leaf holding the
+  # same rows are next to each other in ``order``, by column; a rank whose piece is a copy
+  # of another's counts no rows.
+  columns: np.ndarray | None = None
 
 
 class Units(NamedTuple):
@@ -56,7 +62,8 @@ class Units(NamedTuple):
 
 
 @njit(**JIT)
-def _walk_blocks(counts, order, replicated, rowsizes, vecs, block, by_vectors, fill, out):
+def _walk_blocks(counts, order, replicated, columns, rowsizes, vecs, block, by_vectors, fill,
+                 out):
   """Counts (``fill`` False) or writes (into ``out``) the blocks and straddling pieces of every
   run, in ``layout.build_blocks``'s order; returns (blocks, pieces)."""
   ranks, nl, ns = counts.shape
@@ -66,27 +73,65 @@ def _walk_blocks(counts, order, replicated, rowsizes, vecs, block, by_vectors, f
   # Row offset of each system within each rank's leaf (systems in order, as Prepared lays
   # them out: sorted ids as they are, unsorted ones gathered).
   first = np.zeros((ranks, nl, ns), dtype=np.int64)
+  most = 0
   for g in range(ranks):
     for l in range(nl):
       acc = 0
       for k in range(ns):
         first[g, l, k] = acc
         acc += counts[g, l, k]
-  begin = np.zeros(ranks, dtype=np.int64)
-  end = np.zeros(ranks, dtype=np.int64)
+  for l in range(nl):
+    by_columns = False
+    for g in range(ranks):
+      by_columns |= columns[l, g, 1] - columns[l, g, 0] != rowsizes[l]
+    if by_columns:  # a fragment a row and rank; else one a rank
+      for k in range(ns):
+        acc = 0
+        for g in range(ranks):
+          acc += counts[g, l, k]
+        most = max(most, acc)
+  # A run's fragments: stretches of it that one rank holds contiguously (a rank holding whole
+  # rows: all its rows of the system; a rank holding some columns: one per row).
+  begin = np.zeros(most + ranks, dtype=np.int64)
+  end = np.zeros(most + ranks, dtype=np.int64)
+  rank_of = np.zeros(most + ranks, dtype=np.int64)
+  local = np.zeros(most + ranks, dtype=np.int64)
   for l in range(nl):
     r = rowsizes[l]
     step = max(1, block // vecs[l]) * vecs[l] if by_vectors else block
     for k in range(ns):
+      nf = 0
       if replicated[l]:
         length = counts[0, l, k] * r
       else:
         length = 0
-        for i in range(ranks):
+        i = 0
+        while i < ranks:
+          # A group: ranks holding the same rows, each some columns (a column start of 0 opens
+          # the next group; a rank holding whole rows is a group of its own).
+          j = i + 1
+          while j < ranks and columns[l, order[l, j], 0] != 0:
+            j += 1
           g = order[l, i]
-          begin[i] = length
-          length += counts[g, l, k] * r
-          end[i] = length
+          if j == i + 1 and columns[l, g, 1] - columns[l, g, 0] == r:
+            begin[nf] = length
+            length += counts[g, l, k] * r
+            end[nf] = length
+            rank_of[nf] = g
+            local[nf] = first[g, l, k] * r
+            nf += 1
+          else:
+            for row in range(counts[g, l, k]):
+              for t in range(i, j):
+                h = order[l, t]
+                w = columns[l, h, 1] - columns[l, h, 0]
+                begin[nf] = length
+                length += w
+                end[nf] = length
+                rank_of[nf] = h
+                local[nf] = (first[h, l, k] + row) * w
+                nf += 1
+          i = j
       pos = 0
       i = 0
       while pos < length:
@@ -104,24 +149,22 @@ def _walk_blocks(counts, order, replicated, rowsizes, vecs, block, by_vectors, f
           while end[i] <= pos:
             i += 1
           if pos + n <= end[i]:
-            g = order[l, i]
             if fill:
-              owner[nb] = g
-              owner_start[nb] = first[g, l, k] * r + pos - begin[i]
+              owner[nb] = rank_of[i]
+              owner_start[nb] = local[i] + pos - begin[i]
           else:
             if fill:
               owner[nb] = -1
               owner_start[nb] = 0
             j = i
-            while j < ranks and begin[j] < pos + n:
+            while j < nf and begin[j] < pos + n:
               lo = max(begin[j], pos)
               hi = min(end[j], pos + n)
               if hi > lo:
                 if fill:
-                  g = order[l, j]
                   p_block[npieces] = nb
-                  p_rank[npieces] = g
-                  p_start[npieces] = first[g, l, k] * r + lo - begin[j]
+                  p_rank[npieces] = rank_of[j]
+                  p_start[npieces] = local[j] + lo - begin[j]
                   p_len[npieces] = hi - lo
                   p_at[npieces] = lo - pos
                 npieces += 1
@@ -195,8 +238,12 @@ def _arrays(nb: int, npieces: int, extra: int = 0) -> tuple:
 
 def plan(shards: ShardLayout, layout: LeafLayout, by_vectors: bool) -> Units:
   """The unsharded call's blocks, and who reads each."""
-  args = (shards.counts, shards.order, shards.replicated, layout.rowsizes, layout.vecs, BLOCK,
-          by_vectors)
+  columns = shards.columns
+  if columns is None:
+    columns = np.zeros((layout.rowsizes.size, shards.counts.shape[0], 2), np.int64)
+    columns[:, :, 1] = layout.rowsizes[:, None]
+  args = (shards.counts, shards.order, shards.replicated, np.ascontiguousarray(columns, np.int64),
+          layout.rowsizes, layout.vecs, BLOCK, by_vectors)
   nb, npieces = _walk_blocks(*args, False, _arrays(0, 0))
   out = _arrays(nb, npieces)
   _walk_blocks(*args, True, out)

@@ -423,9 +423,11 @@ class ShardedBlocks:
     """The exact decisions of near-ties from every rank's exact partials of those systems."""
     if not systems:
       return []
-    # A replicated leaf counts once: on rank 0.
+    # A replicated leaf counts once: on rank 0; a piece other ranks hold copies of, where the
+    # layout counts its rows.
+    me = self.collective.rank
     counted = [i for i in range(self.layout.codes.size)
-               if self.collective.rank == 0 or not self.shards.replicated[i]]
+               if (me == 0 if self.shards.replicated[i] else self.shards.counts[me, i].any())]
     thresholds = [Fraction(float(c[k])) for k in systems]
     partials = [_tie_partial(self.prep, counted, k, p, step, c_k)
                 for k, c_k in zip(systems, thresholds)]

@@ -36,15 +36,18 @@ Which leaves take which way (decided from metadata, so every rank takes the same
 * ``Shard(0)`` on a 1-D mesh: the rank's rows, as above;
 * ``Replicate()`` on any mesh: whole on every rank, reduced by every rank (the CUDA route:
   measured by the group's first rank, so that it counts once), nothing sent;
-* on the CUDA route, pieces (``Shard(d)`` or ``Replicate()`` on every dimension of a 1-D
-  mesh, or of a larger mesh over every rank: tensor parallelism's ``Shard(1)``, FSDP with it
-  on a 2-D mesh): each rank measures its piece in place (a piece copied along a
-  ``Replicate`` mesh dimension by the first rank along it), since a system's measures do not
-  depend on where its elements are; its ids are cut at the piece's rows. Max-step's vectors
-  are rows, so for it only pieces of rows are read in place;
-* anything else (``Partial``; pieces on the numba route, whose blocks follow the rows; a
-  leaf split by columns for max-step): gathered with ``full_tensor()`` and then treated as
-  replicated; this moves that leaf whole, the only gather on these routes.
+* pieces (``Shard(d)`` or ``Replicate()`` on every dimension of a 1-D mesh, or of a larger
+  mesh over every rank: tensor parallelism's ``Shard(1)``, FSDP with it on a 2-D mesh), read
+  in place, a piece copied along a ``Replicate`` mesh dimension counted by the first rank
+  along it; its ids are cut at the piece's rows. On the CUDA route any such piece: a
+  system's measures do not depend on where its elements are. On the numba route pieces
+  split along the rows and the second axis only, each rank's stretch of a row whole or at
+  least ``SUB_BLOCK`` elements (``sharded_partials.column_pieces``): a row's stretches cut
+  the blocks into pieces, and a sub-block two ranks share travels as its elements. Max-step's
+  vectors are rows, so for it only pieces of rows are read in place;
+* anything else (``Partial``; on the numba route, narrower columns and splits along a later
+  axis; a leaf split by columns for max-step): gathered with ``full_tensor()`` and then
+  treated as replicated; this moves that leaf whole, the only gather on these routes.
 
 A whole call gathers (every DTensor leaf, segment and threshold made whole, the unsharded call
 run on every rank, each output cut back to its placements) when no exchange of partials is
@@ -205,8 +208,11 @@ def clip_sharded(clipping: Any, leaves: Any, call: Any):
   done = None
   if ways is not None and clipping.cpu_kernels and all(branches.on_host(x.device)
                                                        for x in leaves):
-    # The numba kernels' bits: block results, in the order of the rows (pieces made whole).
-    done = partials.clip(leaves, call, ["gathered" if w == "pieces" else w for w in ways])
+    # The numba kernels' bits: block results, in the order of the rows (pieces whose blocks
+    # would travel as elements made whole).
+    done = partials.clip(leaves, call, [
+        "gathered" if w == "pieces" and not partials.column_pieces(x) else w
+        for x, w in zip(leaves, ways)])
   elif ways is not None and intervals.applies(leaves, call, clipping.certified):
     done = intervals.clip(leaves, call, ways)  # the CUDA route's: certified intervals
   if done is not None:

@@ -85,8 +85,8 @@ from clipbench.impls.own.torch.measure import Measured, measure
 from clipbench.impls.own.torch.oracles import PowerOracle, SumOracle, exact_oracles
 from clipbench.impls.own.torch.sharded_partials import (TRAFFIC, AbandonedCall, _as_output,
                                                         _chunks, _local_segments, _MeshOrder,
-                                                        _system_count, _to_local, full_tensor,
-                                                        like_input)
+                                                        _system_count, full_tensor, geometry,
+                                                        like_input, local_pieces, piece_extent)
 
 
 def kind_of(op: str, norm_type: Any) -> str | None:
@@ -428,32 +428,9 @@ class _Agreement:
             for i, k in enumerate(systems)}
 
 
-def _local_pieces(leaves: list[Any], ways: list[str]):
-  """(indices of the split leaves, the group that holds every piece, this rank's tensor of
-  every leaf), or None when no leaf is split. The group: the 1-D mesh's, or every rank
-  (``sharded._disjoint_pieces`` admits larger meshes only over every rank)."""
-  split_at = [i for i, w in enumerate(ways) if w in ("rows", "pieces")]
-  if not split_at:
-    return None
-  mesh = leaves[split_at[0]].device_mesh
-  group = mesh.get_group(0) if mesh.ndim == 1 else dist.group.WORLD
-  local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
-  return split_at, group, local
-
-
 def _piece_rows(leaf: Any) -> tuple[int, int]:
-  """(first row, rows) of this rank's piece of ``leaf``: DTensor's chunking of the rows
-  (``torch.chunk``: ``ceil(rows / n)`` a rank, the last short or empty) by every mesh
-  dimension that splits them, in mesh order."""
-  rows = leaf.shape[0] if leaf.dim() else 1
-  start = 0
-  coordinate = leaf.device_mesh.get_coordinate()
-  for dim, placement in enumerate(leaf.placements):
-    if placement.is_shard(0):
-      chunk = -(-rows // leaf.device_mesh.size(dim))
-      first = min(coordinate[dim] * chunk, rows)
-      start, rows = start + first, min(chunk, rows - first)
-  return start, rows
+  """(first row, rows) of this rank's piece of ``leaf``."""
+  return piece_extent(leaf, 0, leaf.device_mesh.get_coordinate())
 
 
 def _measured_here(leaf: Any, way: str, first_rank: bool) -> bool:
@@ -463,8 +440,9 @@ def _measured_here(leaf: Any, way: str, first_rank: bool) -> bool:
   if way == "rows":
     return True
   if way == "pieces":
-    coordinate = leaf.device_mesh.get_coordinate()
-    return all(c == 0 for c, p in zip(coordinate, leaf.placements) if p.is_replicate())
+    mesh = leaf.device_mesh
+    return bool(geometry(leaf).measured[np.ravel_multi_index(mesh.get_coordinate(),
+                                                              tuple(mesh.shape))])
   return first_rank
 
 
@@ -472,7 +450,7 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   """(outputs, norms) by exchanged measures, or None where the call must gather instead
   (every rank returns None alike)."""
   from torch.distributed.tensor import DTensor  # pylint: disable=import-outside-toplevel
-  pieces = _local_pieces(leaves, ways)
+  pieces = local_pieces(leaves, ways)
   if pieces is None:
     return None
   split_at, group, local = pieces

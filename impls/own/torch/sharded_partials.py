@@ -3,12 +3,13 @@ results exchanged over the leaves' process group (see :mod:`.sharded` for when i
 
 One rank's call:
 
-1. its rows of each leaf (``to_local()``; a replicated leaf whole; a leaf of another placement
-   made whole by ``full_tensor()``), its rows' segment ids, the checks of the unsharded call
-   applied to them;
-2. every rank's rows of each ``Shard(0)`` leaf, from metadata (DTensor's chunks). A rank
-   whose rows are other (``from_local`` of other sizes) says so with the first exchange of
-   block results, taking part with zeros, and every rank then leaves for the gathering way.
+1. its piece of each leaf (``to_local()``: its rows, or its rows' columns; a replicated leaf
+   whole; a leaf of another placement made whole by ``full_tensor()``), its rows' segment
+   ids, the checks of the unsharded call applied to them;
+2. every rank's piece of each split leaf, from metadata (DTensor's chunks: rows, and columns
+   as stretches of each row; a copy along a ``Replicate`` mesh dimension counts no rows). A
+   rank whose piece is other (``from_local`` of other sizes) says so with the first exchange
+   of block results, taking part with zeros, and every rank then leaves for the gathering way.
    A per-system call first all-gathers whether each rank's checks passed (ids in range in its
    rows) and the span of systems it holds, then its rows per system over those spans
    (:meth:`GlooCollective.all_gather_layout`). A failed check sends every rank the gathering
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -33,7 +35,7 @@ import torch.distributed as dist
 from clipbench.impls.own.numba import sharded as numba_sharded
 from clipbench.impls.own.numba import threads
 from clipbench.impls.own.numba.decode import DTYPES
-from clipbench.impls.own.numba.layout import leaf_layout_of
+from clipbench.impls.own.numba.layout import SUB_BLOCK, leaf_layout_of
 from clipbench.impls.own.numba.segments import NO_SEGMENTS, checked_segments
 from clipbench.impls.own.torch import host_route
 from clipbench.impls.own.torch.arguments import (check_leaves, check_nonfinite, check_norm_type,
@@ -187,11 +189,73 @@ class _MeshOrder:
     self._of: dict[int, np.ndarray] = {}
 
   def coordinates(self, mesh: Any) -> np.ndarray:
-    """Mesh coordinate by group rank."""
+    """Mesh coordinate by group rank (its flat index on a larger mesh)."""
     if id(mesh) not in self._of:
       members = mesh.mesh.reshape(-1).tolist()
       self._of[id(mesh)] = np.array([members.index(r) for r in self.ranks.tolist()])
     return self._of[id(mesh)]
+
+
+def piece_extent(leaf: Any, dim: int, coordinate: Any) -> tuple[int, int]:
+  """(start, size) along ``dim`` of the piece of ``leaf`` at mesh ``coordinate``."""
+  return _extent(tuple(leaf.placements), tuple(leaf.shape), tuple(leaf.device_mesh.shape),
+                 dim, tuple(int(c) for c in coordinate))
+
+
+def _extent(placements: tuple, shape: tuple, mesh_shape: tuple, dim: int,
+            coordinate: tuple) -> tuple[int, int]:
+  """DTensor's chunking (``torch.chunk``: ``ceil(n / ranks)`` a rank, the last short or
+  empty) of axis ``dim`` by every mesh dimension that splits it, in mesh order."""
+  size = shape[dim] if shape else 1
+  start = 0
+  for mesh_dim, placement in enumerate(placements):
+    if placement.is_shard(dim):
+      chunk = -(-size // mesh_shape[mesh_dim])
+      first = min(coordinate[mesh_dim] * chunk, size)
+      start, size = start + first, min(chunk, size - first)
+  return start, size
+
+
+class _Geometry(NamedTuple):
+  """Every mesh position's piece of a leaf (positions in the mesh's flat order)."""
+
+  starts: np.ndarray  # first row
+  rows: np.ndarray
+  columns: np.ndarray  # (positions, 2): the elements [start, stop) of each row it holds
+  measured: np.ndarray  # bool: the first of its copies (along ``Replicate`` mesh dimensions)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(placements: tuple, shape: tuple, mesh_shape: tuple) -> _Geometry:
+  inner = math.prod(shape[2:])
+  places = list(np.ndindex(*mesh_shape))
+  rows = np.array([_extent(placements, shape, mesh_shape, 0, c) for c in places], np.int64)
+  columns = np.array([_extent(placements, shape, mesh_shape, 1, c) if len(shape) > 1
+                      else (0, 1) for c in places], np.int64)
+  columns = np.stack([columns[:, 0], columns.sum(1)], 1) * inner
+  measured = np.array([all(c == 0 for c, p in zip(place, placements) if p.is_replicate())
+                       for place in places])
+  return _Geometry(rows[:, 0], rows[:, 1], columns, measured)
+
+
+def geometry(leaf: Any) -> _Geometry:
+  return _geometry(tuple(leaf.placements), tuple(leaf.shape), tuple(leaf.device_mesh.shape))
+
+
+def column_pieces(leaf: Any) -> bool:
+  """Whether the numba route reads ``leaf``'s pieces in place. Its bits come from sub-blocks
+  of ``SUB_BLOCK`` elements in the order of the rows, and a sub-block two ranks share travels
+  as its elements: so only pieces split along the rows and the second axis (a rank's elements
+  of a row are one stretch), each stretch whole rows or at least ``SUB_BLOCK`` elements (at
+  most two shared sub-blocks a row, and the plan's pieces few). Narrower columns (a
+  relaxation's 3-vectors) are made whole instead: in place, every sub-block would travel,
+  in pieces of one or two elements."""
+  if not all(not p.is_shard() or p.dim in (0, 1) for p in leaf.placements):
+    return False
+  geo = geometry(leaf)
+  width = geo.columns[:, 1] - geo.columns[:, 0]
+  rowsize = math.prod(leaf.shape[1:])
+  return bool(np.all((width == 0) | (width == rowsize) | (width >= SUB_BLOCK)))
 
 
 def _to_local(x: Any) -> torch.Tensor:
@@ -269,15 +333,62 @@ def _rows_placements(leaf: Any) -> tuple:
 
 
 def local_pieces(leaves: list[Any], ways: list[str]):
-  """(indices of the ``Shard(0)`` leaves, their process group, this rank's tensor of every
-  leaf), or None when no leaf is split (every leaf whole on every rank already: the unsharded
-  call moves nothing)."""
-  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
-  if not rows_at:
+  """(indices of the split leaves (``"rows"``, ``"pieces"``), the group that holds every
+  piece, this rank's tensor of every leaf), or None when no leaf is split (every leaf whole
+  on every rank already: the unsharded call moves nothing). The group: the 1-D mesh's, or
+  every rank (``sharded._disjoint_pieces`` admits larger meshes only over every rank)."""
+  split_at = [i for i, w in enumerate(ways) if w in ("rows", "pieces")]
+  if not split_at:
     return None
-  group = leaves[rows_at[0]].device_mesh.get_group(0)
+  mesh = leaves[split_at[0]].device_mesh
+  group = mesh.get_group(0) if mesh.ndim == 1 else dist.group.WORLD
   local = [_to_local(x) if w != "gathered" else full_tensor(x) for x, w in zip(leaves, ways)]
-  return rows_at, group, local
+  return split_at, group, local
+
+
+class _Pieces(NamedTuple):
+  """Every group rank's piece of every leaf, from metadata (leaves by group rank)."""
+
+  starts: np.ndarray  # first row
+  rows: np.ndarray
+  columns: np.ndarray  # (leaves, ranks, 2): the elements [start, stop) of each row it holds
+  measured: np.ndarray  # bool: its piece counts (the first of its copies)
+  shapes: list  # this rank's expected local shape of each leaf
+
+
+def _pieces(leaves: list[Any], ways: list[str], local: list[torch.Tensor], group: Any,
+            me: int) -> _Pieces:
+  """Where every rank's rows and columns of each leaf are: ``"rows"`` leaves by DTensor's
+  chunks of a 1-D mesh, ``"pieces"`` by its chunks along rows and second axis on their mesh,
+  anything else whole on every rank."""
+  order = _MeshOrder(group)
+  ranks, nl = order.ranks.size, len(leaves)
+  local_rows = np.array([t.shape[0] if t.dim() else 1 for t in local], np.int64)
+  rows = np.repeat(local_rows[:, None], ranks, 1)
+  starts = np.zeros_like(rows)
+  rowsizes = np.array([math.prod(x.shape[1:]) for x in leaves], np.int64)
+  columns = np.zeros((nl, ranks, 2), np.int64)
+  columns[:, :, 1] = rowsizes[:, None]
+  measured = np.ones((nl, ranks), bool)
+  shapes = [tuple(t.shape) for t in local]
+  rows_at = [i for i, w in enumerate(ways) if w == "rows"]
+  if rows_at:
+    starts[rows_at], rows[rows_at] = _chunks(
+        np.array([leaves[i].shape[0] for i in rows_at], np.int64),
+        np.stack([order.coordinates(leaves[i].device_mesh) for i in rows_at]))
+  for i in rows_at:
+    shapes[i] = (int(rows[i, me]),) + tuple(leaves[i].shape[1:])
+  for i in (i for i, w in enumerate(ways) if w == "pieces"):
+    leaf, geo = leaves[i], geometry(leaves[i])
+    at = order.coordinates(leaf.device_mesh)
+    starts[i], rows[i], measured[i] = geo.starts[at], geo.rows[at], geo.measured[at]
+    # A copy keeps whole rows: a group of its own in the plan's order, of no rows.
+    columns[i, measured[i]] = geo.columns[at][measured[i]]
+    mine = np.unravel_index(at[me], tuple(leaf.device_mesh.shape))
+    shapes[i] = (int(rows[i, me]),) + tuple(
+        piece_extent(leaf, d, mine)[1] for d in range(1, min(leaf.dim(), 2))) + tuple(
+            leaf.shape[2:])
+  return _Pieces(starts, rows, columns, measured, shapes)
 
 
 def clip(leaves: list[Any], call: Any, ways: list[str]):
@@ -287,23 +398,17 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   pieces = local_pieces(leaves, ways)
   if pieces is None:
     return None
-  rows_at, group, local = pieces
+  _, group, local = pieces
   collective = GlooCollective(group)
   me, nl = collective.rank, len(leaves)
-  local_rows = [t.shape[0] if t.dim() else 1 for t in local]
-  # Every rank's rows of each leaf by DTensor's chunking; a rank whose rows are other
+  # Every rank's piece of each leaf by DTensor's chunking; a rank whose piece is other
   # (``from_local`` of other sizes) takes part with zeros and vouches against the call.
-  order = _MeshOrder(group)
-  rows = np.repeat(np.array(local_rows, np.int64)[:, None], collective.size, 1)
-  starts = np.zeros_like(rows)
-  starts[rows_at], rows[rows_at] = _chunks(
-      np.array([leaves[i].shape[0] for i in rows_at], np.int64),
-      np.stack([order.coordinates(leaves[i].device_mesh) for i in rows_at]))
-  chunked = bool((rows[:, me] == local_rows).all())
+  where = _pieces(leaves, ways, local, group, me)
+  chunked = all(tuple(t.shape) == shape for t, shape in zip(local, where.shapes))
   segments = call.segments
   if segments is not None:
-    segments = [_local_segments(x, w, s, o, n)
-                for x, w, s, o, n in zip(leaves, ways, segments, starts[:, me], local_rows)]
+    segments = [_local_segments(x, w, s, o, n) for x, w, s, o, n in zip(
+        leaves, ways, segments, where.starts[:, me], where.rows[:, me])]
   threshold = call.threshold
   if isinstance(threshold, DTensor):
     threshold = full_tensor(threshold)
@@ -331,26 +436,27 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
     if not valid:
       return None
     if not chunked:
-      host = [np.zeros((n,) + tuple(x.shape[1:]), _NUMPY_DTYPE[x.dtype]) if w == "rows" else h
-              for x, w, h, n in zip(leaves, ways, host, rows[:, me])]
+      host = [np.zeros(shape, _NUMPY_DTYPE[x.dtype]) if w in ("rows", "pieces") else h
+              for x, w, h, shape in zip(leaves, ways, host, where.shapes)]
     collective.vouch(chunked)
-    every_counts = rows.T[:, :, None]
+    every_counts = np.where(where.measured, where.rows, 0).T[:, :, None]
   else:
     # Per-system counts, ``int32`` (rows below 2**31 per leaf): half the bytes of the exchange
     # that per-system calls pay per system, gathered with whether every rank's checks (ids in
-    # range in its rows) passed.
+    # range in its rows) passed. A copy of another rank's piece counts no rows.
     counts = np.zeros((nl, K), dtype=np.int32)
-    valid = valid and chunked and max(local_rows) < 1 << 31
+    valid = valid and chunked and max(t.shape[0] if t.dim() else 1 for t in local) < 1 << 31
     if valid:
       if host_ids is None:
-        counts[:, 0] = local_rows
+        counts[:, 0] = [t.shape[0] if t.dim() else 1 for t in local]
       else:
         for i, g in enumerate(host_ids):
           counts[i] = np.bincount(g, minlength=K)
+      counts[~where.measured[:, me]] = 0
     agreed, every_counts = collective.all_gather_layout(np.array([valid], np.int64), counts)
     if not agreed[:, 0].all():
       return None
-  shards = _shard_layout(ways, rows, starts, every_counts)
+  shards = _shard_layout(ways, where, every_counts)
   layout = leaf_layout_of([tuple(x.shape) for x in leaves], [_NUMPY_DTYPE[x.dtype]
                                                              for x in leaves])
   # Ranks share the machine's cores: the kernels take torch's intra-op thread count (torchrun
@@ -371,12 +477,14 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   return outputs, torch.from_numpy(np.ascontiguousarray(np.asarray(norms).reshape(-1)))
 
 
-def _shard_layout(ways: list[str], rows: np.ndarray, starts: np.ndarray,
+def _shard_layout(ways: list[str], where: _Pieces,
                   every_counts: np.ndarray) -> numba_sharded.ShardLayout:
-  """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of each leaf's rows
-  (``rows``, ``starts``: leaves by group rank) and every rank's per-system counts."""
-  split = np.array([w == "rows" for w in ways])
-  # Each leaf's ranks in the order of their rows (a rank holding none first at its place).
-  order = np.where(split[:, None], np.lexsort((rows, starts)), np.arange(rows.shape[1]))
+  """The :class:`~clipbench.impls.own.numba.sharded.ShardLayout` of each leaf's pieces
+  (``where``) and every rank's per-system counts."""
+  split = np.array([w in ("rows", "pieces") for w in ways])
+  # Each leaf's ranks in the order of their rows, then columns (a rank holding none first at
+  # its place); copies last.
+  order = np.lexsort((where.rows, where.columns[:, :, 0], where.starts, ~where.measured))
+  order = np.where(split[:, None], order, np.arange(where.rows.shape[1]))
   return numba_sharded.ShardLayout(np.ascontiguousarray(every_counts, np.int64),
-                                   order.astype(np.int64), ~split)
+                                   order.astype(np.int64), ~split, where.columns)
