@@ -3,13 +3,14 @@
   python -m clipbench.benchmarks.sharded_torch [--scale 0.25] [--worlds 2 4] [--repeats 5]
                                                [--dtype float64] [--workload W3-relax-large]
                                                [--impl clipbench.torch.cuda-route]
-                                               [--placement columns]
+                                               [--placement columns [--width 1024]]
 
 For W1 (``clip_grad_norm``, 200 leaves) and W3 (per-system ``clip_by_global_norm``, positions
 and cells with their segments), each rank holds ``Shard(0)`` of every leaf (and of the segment
 ids). With ``--placement columns`` (tensor parallelism) each rank holds ``Shard(1)`` instead:
 W1's 1-D leaves as one row of all their elements, W3's positions and cells by their second
-axis (3 columns), and the ids whole on every rank. Implementations: ours (``clipbench.torch``: block results exchanged,
+axis (3 columns), and the ids whole on every rank; ``--width W`` makes W1's leaves weight
+matrices of rows of W elements instead, split by their columns. Implementations: ours (``clipbench.torch``: block results exchanged,
 ``impls/own/torch/sharded.py``), ours on its CUDA route (``clipbench.torch.cuda-route``: CPU
 tensors sent down the branches a GPU takes, ``branches.accelerator_branches``, so per-system
 measures are exchanged as a GPU rank's would be, over gloo instead of NCCL), ours the former
@@ -224,6 +225,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -> No
     inputs = workloads.get(name).build(scale, args.dtype)
     leaves, segments = _tensors(inputs)
     if args.placement == "columns":
+      if args.width:  # weight matrices: rows of ``width`` elements, the remainder dropped
+        leaves = [x[:x.numel() // args.width * args.width].reshape(-1, args.width)
+                  if x.dim() == 1 else x for x in leaves]
       leaves = [place(x.reshape(1, -1) if x.dim() == 1 else x, Shard(1)) for x in leaves]
       segments = None if segments is None else [place(s, Replicate()) for s in segments]
     else:
@@ -263,11 +267,18 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--placement", default="rows", choices=("rows", "columns"),
                       help="how the leaves are split: by rows (Shard(0), FSDP's way) or by "
                            "columns (Shard(1), tensor parallelism's)")
+  parser.add_argument("--width", type=int, default=0,
+                      help="with --placement columns: W1's 1-D leaves as rows of this many "
+                           "elements (each leaf's last elements short of a row dropped), "
+                           "weight matrices split by their columns; default: one row a leaf")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
   args.workload = args.workload or list(WORKLOADS)
   if any(w < 1 for w in args.worlds):
     parser.error(f"--worlds: expected positive integers, got {args.worlds}")
+  if args.width < 0 or (args.width and args.placement != "columns"):
+    parser.error(f"--width: expected a positive width with --placement columns, got "
+                 f"{args.width} with --placement {args.placement}")
   import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
   print(f"{os.cpu_count()} CPU cores; torch {torch.__version__}; scale {args.scale:g}; "
         f"{args.repeats} repeats; {args.dtype}; leaves split by {args.placement}; "

@@ -393,13 +393,28 @@ def test_near_ties_of_leaves_split_by_columns(norm_type):
 @pytest.mark.parametrize("split", [[SUB_BLOCK, 3 * SUB_BLOCK], [2 * SUB_BLOCK, 2 * SUB_BLOCK]])
 def test_bytes_sent_for_columns_on_the_sub_block_grid_are_sub_block_results(split):
   """Each rank's stretch of a row a multiple of ``SUB_BLOCK`` elements from a multiple of it:
-  no sub-block is shared, so no element travels, only the results of sub-blocks (9 bytes);
-  cut one element off the grid, and the elements of the shared sub-blocks travel."""
+  no sub-block is shared, so no element travels, only the results of sub-blocks (9 bytes)."""
   rng = np.random.default_rng(32)
   leaves = [rng.standard_normal((64, 4 * SUB_BLOCK)).astype(np.float32)]
   sent = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=33, grid=(1, 2),
                                column_split=split)
   assert sent.sum(1).max() <= 9 * leaves[0].size // SUB_BLOCK, sent
-  off = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=33, grid=(1, 2),
-                              column_split=[split[0] + 1, split[1] - 1])
-  assert off.sum(1).max() > 64 * 4 * SUB_BLOCK // 2, off
+
+
+def test_columns_off_the_sub_block_grid_send_the_smaller_side_of_each_shared_sub_block():
+  """Half a sub-block off the grid, two ranks: a sub-block a row is shared, 128 elements on
+  each side. Its elements are more than 1% of a rank's leaves, so the blocks are completed
+  at one rank, point to point: one side of each shared sub-block travels, once (the
+  all-gather way sends both sides, every rank completing every block)."""
+  rng = np.random.default_rng(34)
+  rows, half = 64, SUB_BLOCK // 2
+  leaves = [rng.standard_normal((rows, 4 * SUB_BLOCK)).astype(np.float32)]
+  split = [SUB_BLOCK + half, 3 * SUB_BLOCK - half]
+  sent = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=35, grid=(1, 2),
+                               column_split=split)
+  gathered = assert_unsharded_bits("clip_grad_norm", leaves, 1.0, ranks=2, seed=35,
+                                   grid=(1, 2), column_split=split, point_to_point=False)
+  one_side = rows * half * 4
+  results = 9 * rows * 4 + 9 * leaves[0].size // BLOCK  # every sub-block's, every block's
+  assert one_side <= sent.sum() <= one_side + results, sent
+  assert 2 * one_side <= gathered.sum() <= 2 * (one_side + results), gathered

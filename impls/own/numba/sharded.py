@@ -271,7 +271,7 @@ class ShardedBlocks:
       whole = straddling[plan.units.length[straddling] < SHORT]  # a short block's own tree
       split_blocks = straddling[plan.units.length[straddling] >= SHORT]
       subs, block_of = shard_plan.split(plan, split_blocks)
-      if split_blocks.size and self._point_to_point(replayed):
+      if split_blocks.size and self._point_to_point(replayed, subs):
         # Each block across a boundary is completed at one rank and sent as its result.
         reducer = shard_plan.block_reducers(subs, block_of, split_blocks, ranks, split.dtypes,
                                             self.layout.codes)
@@ -361,14 +361,23 @@ class ShardedBlocks:
           field[sub_straddling] = values
       split.fold(block_of, *sub_fields, *targets)
 
-  def _point_to_point(self, replayed: bool) -> bool:
+  def _point_to_point(self, replayed: bool, subs: shard_plan.Units) -> bool:
     """Whether blocks across a boundary are completed at one rank from what the others send
     it (two exchanges) rather than by every rank from sub-block results and pieces
     all-gathered (one). Beyond two ranks an all-gather hands everything to every rank (a rank
     writes ``ranks - 1`` times its payload, padded to the largest rank's): most of a call's
-    bytes."""
-    return (self.collective.size > 2 and not replayed
-            and hasattr(self.collective, "all_to_all_bytes"))
+    bytes. At two ranks, where the elements of the sub-blocks ranks share would be more than
+    1% of the leaves' bytes a rank (leaves split by columns off the sub-block grid: a shared
+    sub-block or two a row): only the smaller side of each then travels, and is held, once."""
+    if replayed or not hasattr(self.collective, "all_to_all_bytes"):
+      return False
+    ranks = self.collective.size
+    if ranks > 2:
+      return True
+    lay = self.layout
+    across = np.flatnonzero(subs.owner == shard_plan.STRADDLES)
+    shared = int(shard_plan.raw_bytes(subs, across, ranks, lay.codes).sum())
+    return 100 * shared > int((lay.sizes * ITEMSIZE[lay.codes]).sum()) // ranks
 
   def _complete_at_reducers(self, split, subs: shard_plan.Units, block_of: np.ndarray,
                             blocks: np.ndarray, reducer: np.ndarray, targets: list, args) -> None:
