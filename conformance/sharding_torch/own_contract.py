@@ -397,6 +397,13 @@ def _intervals_failures(mesh) -> list[str]:
   return [f"rank {dist.get_rank()}: {f}" for f in found if f]
 
 
+def _two_d_meshes():
+  """2-D meshes over every rank, ("dp", "tp"): 1 x ranks and ranks x 1."""
+  ranks = dist.get_world_size()
+  return (init_device_mesh("cpu", (1, ranks), mesh_dim_names=("dp", "tp")),
+          init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("dp", "tp")))
+
+
 def _pieces_failures(mesh) -> list[str]:
   """The CUDA route on leaves split by columns (tensor parallelism, ``Shard(1)``) and on a
   2-D mesh over every rank: each rank measures its piece, and nothing but per-system measures
@@ -405,9 +412,7 @@ def _pieces_failures(mesh) -> list[str]:
   if dist.get_world_size() < 2:
     return []
   gen = torch.Generator().manual_seed(33)
-  ranks = dist.get_world_size()
-  wide_mesh = init_device_mesh("cpu", (1, ranks), mesh_dim_names=("dp", "tp"))
-  tall_mesh = init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("dp", "tp"))
+  wide_mesh, tall_mesh = _two_d_meshes()
   # 7 columns over 3 ranks: 3, 3, 1; a bfloat16 leaf of 3 columns: one each.
   whole = [torch.randn(4001, 7, generator=gen), torch.randn(301, generator=gen),
            torch.randn(50, 3, generator=gen).to(torch.bfloat16), torch.randn(40, 5, generator=gen)]
@@ -476,8 +481,7 @@ def _column_pieces_failures(mesh) -> list[str]:
     return []
   gen = torch.Generator().manual_seed(34)
   ranks = dist.get_world_size()
-  wide_mesh = init_device_mesh("cpu", (1, ranks), mesh_dim_names=("dp", "tp"))
-  tall_mesh = init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("dp", "tp"))
+  wide_mesh, tall_mesh = _two_d_meshes()
   grid = [torch.randn(24, ranks * 4 * SUB_BLOCK, generator=gen),
           torch.randn(5, ranks, 2 * SUB_BLOCK, generator=gen).to(torch.bfloat16)]
   # Off the grid: 700 columns a rank (the last 699), a bfloat16 leaf of 2 x 300 per column.
