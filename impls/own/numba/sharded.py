@@ -68,6 +68,11 @@ from clipbench.impls.own.numba.short_sums import SHORT
 _ALIGN = 64  # bytes: each assembled straddling block starts on a cache line
 
 
+# At two ranks, the elements of shared sub-blocks below which a call keeps one round (an
+# all-gather of them) rather than two (:meth:`ShardedBlocks._point_to_point`).
+_SHARED_BYTES = 1 << 14
+
+
 class Collective(Protocol):
   """The exchanges of one call among the ranks of a group (every rank makes the same calls).
 
@@ -367,8 +372,9 @@ class ShardedBlocks:
     all-gathered (one). Beyond two ranks an all-gather hands everything to every rank (a rank
     writes ``ranks - 1`` times its payload, padded to the largest rank's): most of a call's
     bytes. At two ranks, where the elements of the sub-blocks ranks share would be more than
-    1% of the leaves' bytes a rank (leaves split by columns off the sub-block grid: a shared
-    sub-block or two a row): only the smaller side of each then travels, and is held, once."""
+    1% of the leaves' bytes a rank and more than ``_SHARED_BYTES`` (leaves split by columns
+    off the sub-block grid: a shared sub-block or two a row): only the smaller side of each
+    then travels, and is held, once. A small call keeps its one round."""
     if replayed or not hasattr(self.collective, "all_to_all_bytes"):
       return False
     ranks = self.collective.size
@@ -377,7 +383,8 @@ class ShardedBlocks:
     lay = self.layout
     across = np.flatnonzero(subs.owner == shard_plan.STRADDLES)
     shared = int(shard_plan.raw_bytes(subs, across, ranks, lay.codes).sum())
-    return 100 * shared > int((lay.sizes * ITEMSIZE[lay.codes]).sum()) // ranks
+    return shared > _SHARED_BYTES and 100 * shared > int(
+        (lay.sizes * ITEMSIZE[lay.codes]).sum()) // ranks
 
   def _complete_at_reducers(self, split, subs: shard_plan.Units, block_of: np.ndarray,
                             blocks: np.ndarray, reducer: np.ndarray, targets: list, args) -> None:
