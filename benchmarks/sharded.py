@@ -2,6 +2,7 @@
 
   python -m clipbench.benchmarks.sharded                      # W1 and W3, 2 and 4 devices
   python -m clipbench.benchmarks.sharded --scale 0.05 --repeats 5 --impl optax.clip_by_global_norm
+  python -m clipbench.benchmarks.sharded --placement columns [--width 1024] --workload W1-model
 
 Each workload is drawn once; each implementation is jitted once and timed on the leaves on
 one device and on a one-axis mesh of 2 and 4 CPU devices (``XLA_FLAGS`` forces 4 host
@@ -9,7 +10,11 @@ devices, set here before JAX starts). Every leaf (and segment array) has its row
 the mesh (``PartitionSpec("shards")``): placed so by ``jax.device_put`` where the rows divide
 evenly, else placed replicated and split inside the jitted function by
 ``with_sharding_constraint`` (``device_put`` refuses uneven shards; XLA pads them), and
-their outputs constrained alike. The
+their outputs constrained alike. With ``--placement columns`` (tensor parallelism) every leaf
+is split along its second axis instead, as ``benchmarks/sharded_torch.py`` splits them: W1's
+1-D leaves as one row of all their elements (``--width W``: rows of W elements, the
+remainder dropped), W3's positions and cells by their 3 columns, and the ids whole on every
+device. The
 unsharded call is the same jitted function on one device. The ratio is the sharded
 median over the unsharded one (above 1: sharding costs time). Host devices share the
 machine's cores and memory, so the ratio measures the partitioned program and its
@@ -69,23 +74,36 @@ def _mesh(devices: int) -> jax.sharding.Mesh:
                        devices=jax.devices()[:devices])
 
 
-def _rows(devices: int, ndim: int) -> NamedSharding:
-  return NamedSharding(_mesh(devices), P("shards", *([None] * (ndim - 1))) if ndim else P())
+def _split(devices: int, ndim: int, dim: int | None) -> NamedSharding:
+  """Split along axis ``dim`` (None: whole on every device)."""
+  if dim is None or ndim <= dim:
+    return NamedSharding(_mesh(devices), P())
+  return NamedSharding(_mesh(devices), P(*([None] * dim), "shards", *([None] * (ndim - dim - 1))))
 
 
-def _place(arrays: list, devices: int) -> tuple[list, tuple[bool, ...]]:
-  """The arrays on the mesh, and which of them the jitted function must split itself."""
-  uneven = tuple(x.ndim == 0 or x.shape[0] % devices != 0 for x in arrays)
+def _place(arrays: list, devices: int, dim: int | None) -> tuple[list, tuple[bool, ...]]:
+  """The arrays on the mesh split along axis ``dim``, and which of them the jitted function
+  must split itself."""
+  uneven = tuple(dim is not None and (x.ndim <= dim or x.shape[dim] % devices != 0)
+                 for x in arrays)
   placed = [jax.device_put(x, NamedSharding(_mesh(devices), P()) if later else
-                           _rows(devices, x.ndim)) for x, later in zip(arrays, uneven)]
+                           _split(devices, x.ndim, dim)) for x, later in zip(arrays, uneven)]
   return placed, uneven
 
 
-def _split_inside(arrays, uneven: tuple[bool, ...], devices: int):
+def _split_inside(arrays, uneven: tuple[bool, ...], devices: int, dim: int | None):
   if arrays is None:
     return None
-  return [jax.lax.with_sharding_constraint(x, _rows(devices, x.ndim)) if later and x.ndim
+  return [jax.lax.with_sharding_constraint(x, _split(devices, x.ndim, dim)) if later and x.ndim
           else x for x, later in zip(arrays, uneven)]
+
+
+def _as_columns(leaves: list, width: int) -> list:
+  """1-D leaves as one row (``width``: rows of ``width`` elements, the remainder dropped)."""
+  if width:
+    return [x[:x.size // width * width].reshape(-1, width) if x.ndim == 1 else x
+            for x in leaves]
+  return [x.reshape(1, -1) if x.ndim == 1 else x for x in leaves]
 
 
 def _bytes(n: int) -> str:
@@ -125,7 +143,7 @@ def _median_seconds(fn, args, repeats: int) -> float:
 
 
 def measure(impl: registry.Implementation, workload: workloads.Workload, scale: float,
-            repeats: int) -> list[str]:
+            repeats: int, placement: str = "rows", width: int = 0) -> list[str]:
   """Lines of ``impl`` on ``workload``: the unsharded median, then each mesh's and the ratio."""
   op = workload.op
   if op not in impl.ops:
@@ -135,7 +153,12 @@ def measure(impl: registry.Implementation, workload: workloads.Workload, scale: 
   if op != "clip_grad_norm":
     kw.update(segments=list(drawn.segments) if drawn.segments is not None else None,
               num_systems=drawn.num_systems)
-  prepared = calling.prepare(impl, op, list(drawn.leaves), drawn.threshold, **kw)
+  leaves = list(drawn.leaves)
+  if placement == "columns":
+    leaves = _as_columns(leaves, width)
+  # Leaves along their rows or second axis; the ids with their rows, or whole.
+  leaf_dim, id_dim = (1, None) if placement == "columns" else (0, 0)
+  prepared = calling.prepare(impl, op, leaves, drawn.threshold, **kw)
   static = {k: v for k, v in prepared.kwargs.items() if k != "segments"}
   fn = impl.function(op)
   threshold = prepared.threshold
@@ -151,14 +174,15 @@ def measure(impl: registry.Implementation, workload: workloads.Workload, scale: 
            f"1 device  {base * 1e3:9.2f} ms              "
            f"{_costs(plain, (prepared.leaves, segments))}"]
   for devices in DEVICE_COUNTS:
-    leaves, uneven = _place(prepared.leaves, devices)
-    placed_segments = None if segments is None else _place(segments, devices)[0]
+    leaves, uneven = _place(prepared.leaves, devices, leaf_dim)
+    placed_segments, uneven_ids = (None, ()) if segments is None else _place(
+        segments, devices, id_dim)
 
-    def sharded(leaves, segments, uneven=uneven, devices=devices):
-      outs, *rest = call(_split_inside(leaves, uneven, devices),
-                         _split_inside(segments, uneven, devices))
+    def sharded(leaves, segments, uneven=uneven, uneven_ids=uneven_ids, devices=devices):
+      outs, *rest = call(_split_inside(leaves, uneven, devices, leaf_dim),
+                         _split_inside(segments, uneven_ids, devices, id_dim))
       # Outputs keep their leaves' split, as a caller's sharded step keeps them.
-      return (_split_inside(list(outs), uneven, devices), *rest)
+      return (_split_inside(list(outs), uneven, devices, leaf_dim), *rest)
 
     jitted = jax.jit(sharded)
     seconds = _median_seconds(jitted, (leaves, placed_segments), repeats)
@@ -177,8 +201,16 @@ def main(argv: list[str] | None = None) -> int:
   add_scale_and_repeats(parser, scale=0.1, repeats=10,
                         scale_help="fraction of each workload's full size",
                         repeats_help="timed calls per point")
+  parser.add_argument("--placement", default="rows", choices=("rows", "columns"),
+                      help="split every leaf along its rows (default) or its second axis")
+  parser.add_argument("--width", type=int, default=0,
+                      help="with --placement columns: 1-D leaves as rows of this many "
+                           "elements (default: one row)")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
+  if args.width < 0 or (args.width and args.placement != "columns"):
+    parser.error(f"--width: expected a positive width with --placement columns, got "
+                 f"{args.width} with --placement {args.placement}")
   print(f"{jax.device_count()} host CPU devices on {os.cpu_count()} cores "
         f"(devices share the cores: a ratio is the cost of the partitioned program); sent and "
         f"peak are per device and call, from the compiled program")
@@ -189,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
       continue
     for workload in args.workload or WORKLOADS:
       try:
-        lines = measure(impl, workloads.get(workload), args.scale, args.repeats)
+        lines = measure(impl, workloads.get(workload), args.scale, args.repeats,
+                        args.placement, args.width)
       except Exception as e:  # pylint: disable=broad-except
         lines = [f"{name:28} {workload:16} error: {type(e).__name__}: "
                  f"{str(e).splitlines()[0][:200] if str(e) else ''}"]

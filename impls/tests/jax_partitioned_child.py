@@ -51,16 +51,18 @@ def _same(got, want) -> bool:
 
 def _counts() -> dict:
   c = partitioned.COUNTS
-  return {"rounds": c.rounds, "ties": c.ties, "finished": c.finished, "passes": c.passes}
+  return {"rounds": c.rounds, "ties": c.ties, "finished": c.finished, "passes": c.passes,
+          "columns": c.columns}
 
 
 def _counted(run):
   """(run's result, the custom calls it made: ``passes`` of a per-system call's chunk loop
-  apart)."""
+  apart, and the leaves written from tiles split by columns dropped)."""
   before = _counts()
   result = run()
   after = _counts()
   counts = {k: after[k] - before[k] for k in after}
+  counts.pop("columns")
   return result, counts, counts.pop("passes")
 
 
@@ -80,9 +82,10 @@ def _global(host, threshold, kwargs, op="clip_grad_norm", specs=None, mesh=None,
     jitted = jax.jit(lambda xs: function(
         [jax.lax.with_sharding_constraint(x, s) for x, s in zip(xs, sharding)], threshold,
         **kwargs))
+  columns = partitioned.COUNTS.columns
   (outs, norm), counts, _ = _counted(lambda: jax.block_until_ready(jitted(leaves)))
   return {"outputs": _same(outs, want_outs), "norms": _same([norm], [want_norm]),
-          "counts": counts}
+          "counts": counts, "columns": partitioned.COUNTS.columns - columns}
 
 
 def _per_system(host, ids, threshold, kwargs, op="clip_by_global_norm", specs=None,
@@ -130,6 +133,7 @@ def _refused(host, ids, threshold):
   after = _counts()
   counts = {k: after[k] - before[k] for k in after}
   passes = counts.pop("passes")
+  counts.pop("columns")
   return {"outputs": want in message, "norms": True, "counts": counts, "passes": passes,
           "left_on_host": partitioned_segments.executions_under_way(),
           "message": message[-300:]}
@@ -174,9 +178,115 @@ def cases():
   yield "float64-pinf", lambda: _with_x64(lambda: _global(wide, 1.0, {"norm_type": math.inf}))
   yield "float64-tie", lambda: _with_x64(lambda: _global(
       [x.astype(np.float64) for x in halves], 4.0, {}))
+  yield from column_cases(rng)
   yield "vmap", lambda: _vmap(f32(3, 16, 4))
   yield "grad", lambda: _grad(mixed)
   yield from per_system_cases(rng)
+
+
+def column_cases(rng):
+  """Leaves split along an axis after the first (tensor parallelism), read in place where each
+  device holds at least a sub-block of every row (``mesh_pieces``)."""
+  f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+  cols = P(None, "shards")
+  # 2-D, 3-D by its second axis, and one by its last (read as rows of its first two axes)
+  wide = [f32(64, 1024), f32(16, 8, 256), f32(1000), f32(8, 6, 1024)]
+  specs = [cols, cols, ROWS, P(None, None, "shards")]
+  yield "columns", lambda: _global(wide, 1.0, {}, specs=specs)
+  yield "columns-p8-two-rounds", lambda: _global(wide, 1.0, {"norm_type": 8.0}, specs=specs)
+  yield "columns-pinf", lambda: _global(wide, 1.0, {"norm_type": math.inf}, specs=specs)
+  # max-step's vectors are the last axis: its rows only stay split, the columns are gathered
+  yield "columns-step", lambda: _global(wide, 0.5, {}, op="clip_by_max_step", specs=specs)
+  poisoned = [x.copy() for x in wide]
+  poisoned[0][3, 700], poisoned[3][7, 5, 1] = np.nan, np.inf
+  yield "columns-nan-zero", lambda: _global(poisoned, 1.0, {"nonfinite": "zero"}, specs=specs)
+  yield "columns-bfloat16", lambda: _global([x.astype(ml_dtypes.bfloat16) for x in wide], 1.0,
+                                            {}, specs=specs)
+  yield "columns-float64", lambda: _with_x64(lambda: _global(
+      [x.astype(np.float64) for x in wide], 1.0, {}, specs=specs))
+  halves = [np.full((4, 1024), 0.5, np.float32)]  # 2-norm 32 exactly
+  yield "columns-tie", lambda: _global(halves, 32.0, {}, specs=[cols])
+  # Uneven columns (XLA pads the tiles: copied out and in) and narrow ones (gathered).
+  yield "columns-uneven", lambda: _global(
+      [f32(30, 1030), f32(9, 5, 1030), f32(3, 7, 999), f32(100, 3)], 1.0, {},
+      specs=[cols, P(None, None, "shards"), P(None, "shards", None), cols], constrain=True)
+  # A 2 x 2 mesh: rows and columns on either axis, both axes on one, a copy along the other.
+  grid = _mesh((2, 2), ("a", "b"))
+  yield "columns-grid", lambda: _global(
+      wide + [f32(4, 5, 8, 512)], 1.0, {"norm_type": 3.0},
+      specs=[P("a", "b"), P("b", "a"), P(("a", "b")), P(None, None, ("b", "a")),
+             P("b", None, "a")], mesh=grid)
+  yield "columns-grid-uneven", lambda: _global(
+      [f32(9, 5, 1030), f32(3, 7, 999), f32(10, 1024)], 1.0, {"norm_type": 8.0},
+      specs=[P("a", None, "b"), P("b", "a", None), P(None, "a")], mesh=grid, constrain=True)
+
+
+def plan_cases(rng):
+  """Each layout of ``column_cases``' kind, checked below the outputs: each device's tile as
+  ``mesh_pieces`` says (against the array's own shards), and the numba kernels' sharded route
+  on those tiles, ranks as threads, folding the unsharded call's block sums bit for bit (a
+  float32 norm rarely shows a float64 sum's last bit: a plan that reads a tile's elements in
+  another order can pass the outputs)."""
+  f32 = lambda *s: (rng.standard_normal(s) * np.exp2(rng.integers(-20, 20, s))).astype(
+      np.float32)
+  grid = _mesh((2, 2), ("a", "b"))
+  yield "plan-columns", lambda: _plan(
+      [f32(64, 1024), f32(16, 8, 256), f32(1000), f32(8, 6, 1024), f32(100, 3)],
+      [P(None, "shards"), P(None, "shards"), ROWS, P(None, None, "shards"), P(None, "shards")],
+      _mesh())
+  yield "plan-grid", lambda: _plan(
+      [f32(64, 1024), f32(16, 8, 256), f32(1000), f32(8, 6, 1024), f32(4, 5, 8, 512)],
+      [P("a", "b"), P("b", "a"), P(("a", "b")), P(None, None, ("b", "a")), P("b", None, "a")],
+      grid)
+  yield "plan-grid-copies", lambda: _plan(
+      [f32(12, 6, 1024), f32(4, 8, 999), f32(10, 1024), f32(30, 1032), f32(6, 4, 4, 256)],
+      [P("a", None, "b"), P("b", "a", None), P(None, "a"), P(None, ("a", "b")),
+       P(None, None, "b")], grid)
+
+
+def _plan(host, specs, mesh):
+  # pylint: disable=import-outside-toplevel
+  from clipbench.impls.own.jax import mesh_pieces
+  from clipbench.impls.own.numba import general, sharded
+  from clipbench.impls.own.numba.layout import Prepared, leaf_layout_of
+  from clipbench.impls.own.numba.segments import NO_SEGMENTS
+  from clipbench.impls.tests.test_numba_sharded import ThreadGroup, _stats, on_every_rank
+  pieces = mesh_pieces.pieces(mesh, [jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                          sharding=NamedSharding(mesh, s))
+                                     for x, s in zip(host, specs)])
+  tiles_right = True
+  tiles = []
+  for g, place in enumerate(np.ndindex(*(mesh.shape[a] for a in pieces.axes))):
+    where = dict(zip(pieces.axes, place))
+    device = mesh.devices[tuple(where.get(a, 0) for a in mesh.axis_names)]
+    mine = []
+    for i, x in enumerate(host):
+      # What the rule's program holds on that device, by JAX's own indexing.
+      index = pieces.shardings[i].devices_indices_map(x.shape)[device]
+      tile = np.ascontiguousarray(x[index])
+      tiles_right &= tile.shape == pieces.held[g][i]
+      mine.append(tile.reshape(pieces.held_views[g][i]))
+    tiles.append(mine)
+  layout = leaf_layout_of(list(pieces.views), [x.dtype for x in host])
+  ranks = len(tiles)
+  group = ThreadGroup(ranks, point_to_point=False)
+  stats: list = [None] * ranks
+
+  def rank_main(g):
+    source = sharded.ShardedBlocks(Prepared(tiles[g], leaf_layout_of(
+        [t.shape for t in tiles[g]], [t.dtype for t in tiles[g]]), NO_SEGMENTS), layout,
+                                   pieces.shards, group.member(g))
+    stats[g] = _stats(source, "clip_grad_norm", 2.0, "propagate", layout)
+
+  on_every_rank(group, rank_main)
+  flat = [np.ascontiguousarray(x).reshape(v) for x, v in zip(host, pieces.views)]
+  want = _stats(general.LocalBlocks(Prepared(flat, layout, NO_SEGMENTS)), "clip_grad_norm",
+                2.0, "propagate", layout)
+  sums_right = all(np.array_equal(np.asarray(stats[g][k]).view(np.uint8),
+                                  np.asarray(v).view(np.uint8))
+                   for g in range(ranks) for k, v in want.items())
+  return {"tiles": bool(tiles_right), "sums": bool(sums_right), "ranks": ranks,
+          "in_place": sum(pieces.by_columns)}
 
 
 def per_system_cases(rng):
@@ -263,7 +373,7 @@ def _grad_per_system(host, ids, threshold):
 
 
 def main() -> int:
-  for name, run in cases():
+  for name, run in list(cases()) + list(plan_cases(np.random.default_rng(11))):
     try:
       row = run()
     except Exception as e:  # noqa: BLE001 -- reported to the test, which fails the case

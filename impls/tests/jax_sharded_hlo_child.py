@@ -40,6 +40,10 @@ FLOAT64_SHAPES = ((4000, 30), (2048, 64), (1024, 96), (512, 128))
 # and one of 120 rows, whose rows have a small power of two. Every shard holds more than the
 # near-tie loop's all-reduces of limb sums (6 KB a float32 leaf, 80 KB for float64).
 COLUMN_SHAPES = ((512, 256), (1024, 128), (120, 1024), (7, 48, 256))
+# Columns each device holds at least a sub-block of (256 elements) in every row, which the FFI
+# route reads in place (narrower ones it gathers along the columns: ``mesh_pieces``); on a 2 x 2
+# mesh, rows on one axis and columns on the other.
+WIDE_COLUMN_SHAPES = ((64, 2048), (128, 1024), (120, 1024), (8, 12, 1024))
 # Rows that do not divide among the 4 devices: XLA pads the last shards (placed whole, split
 # inside the program, as ``device_put`` refuses uneven shards).
 UNEVEN_W1_SHAPES = ((1023, 64), (1021, 96), (2047, 16), (257, 128))
@@ -66,23 +70,32 @@ def _columns(ndim: int) -> NamedSharding:
   return NamedSharding(_mesh(), P(*([None] * (ndim - 1)), "shards"))
 
 
+def _grid(ndim: int) -> NamedSharding:
+  mesh = jax.make_mesh((2, DEVICES // 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:DEVICES])
+  return NamedSharding(mesh, P("a", "b", *([None] * (ndim - 2))) if ndim > 1 else P(("a", "b")))
+
+
 def _whole(ndim: int) -> NamedSharding:
   del ndim
   return NamedSharding(_mesh(), P())
 
 
-def _case(op: str, dtype=np.float32, columns: bool = False, uneven: bool | str = False):
+def _case(op: str, dtype=np.float32, columns: bool | str = False, uneven: bool | str = False):
+  """``columns``: True (COLUMN_SHAPES), "wide" (WIDE_COLUMN_SHAPES) or "grid" (those on a
+  2 x 2 mesh)."""
   rng = np.random.default_rng(0)
   shapes = W1_SHAPES if op == "clip_grad_norm" else PER_SYSTEM_SHAPES
   if dtype == np.float64:
     shapes = FLOAT64_SHAPES
   if columns:
-    shapes = COLUMN_SHAPES
+    shapes = COLUMN_SHAPES if columns is True else WIDE_COLUMN_SHAPES
   if uneven:
     shapes = UNEVEN_W1_SHAPES if op == "clip_grad_norm" else UNEVEN_PER_SYSTEM_SHAPES
     if uneven == "grouped":
       shapes = UNEVEN_GROUPED_SHAPES
-  place = _columns if columns else _whole if uneven else _rows
+  place = (_grid if columns == "grid" else _columns if columns else _whole if uneven
+           else _rows)
   leaves = [jax.device_put(rng.standard_normal(s).astype(dtype), place(len(s)))
             for s in shapes]
   if op == "clip_grad_norm":
@@ -119,6 +132,9 @@ VARIANTS = {
     "clip_grad_norm-columns-p1": ("clip_grad_norm", {"norm_type": 1.0}, False),
     "clip_grad_norm-columns-pinf": ("clip_grad_norm", {"norm_type": float("inf")}, False),
     "clip_grad_norm-columns-float64": ("clip_grad_norm", {}, False),
+    "clip_grad_norm-columns-wide": ("clip_grad_norm", {}, False),
+    "clip_grad_norm-columns-wide-p8": ("clip_grad_norm", {"norm_type": 8.0}, False),
+    "clip_grad_norm-columns-grid": ("clip_grad_norm", {}, False),
     # rows split unevenly (UNEVEN_*_SHAPES)
     "clip_grad_norm-uneven": ("clip_grad_norm", {}, False),
     "clip_grad_norm-uneven-grouped": ("clip_grad_norm", {}, False),
@@ -131,6 +147,8 @@ FLOAT64_VARIANTS = ("clip_grad_norm-float64", "clip_grad_norm-float64-pmin",
                     "clip_grad_norm-columns-float64", "clip_grad_norm-uneven-float64")
 COLUMN_VARIANTS = ("clip_grad_norm-columns", "clip_grad_norm-columns-p1",
                    "clip_grad_norm-columns-pinf", "clip_grad_norm-columns-float64")
+WIDE_COLUMN_VARIANTS = ("clip_grad_norm-columns-wide", "clip_grad_norm-columns-wide-p8",
+                        "clip_grad_norm-columns-grid")
 
 
 UNEVEN_VARIANTS = ("clip_grad_norm-uneven", "clip_grad_norm-uneven-grouped",
@@ -144,7 +162,8 @@ UNEVEN_VARIANTS = ("clip_grad_norm-uneven", "clip_grad_norm-uneven-grouped",
 GRAPH_VARIANTS = ("clip_grad_norm-p1", "clip_grad_norm-pinf", "clip_grad_norm-p8",
                   "clip_grad_norm-zero") + FLOAT64_VARIANTS + COLUMN_VARIANTS[:3] + (
                       UNEVEN_VARIANTS)
-# The FFI route's partitioning rule keeps row splits only (impls/own/jax/partitioned.py).
+# The FFI route's partitioning rule keeps splits of the rows and of columns at least a
+# sub-block wide (impls/own/jax/mesh_pieces.py).
 FFI_VARIANTS = tuple(v for v in VARIANTS if v not in COLUMN_VARIANTS + UNEVEN_VARIANTS) + (
     "clip_grad_norm-columns",)
 
@@ -162,7 +181,8 @@ def compiled_text(route: str, op: str) -> tuple[str, int, bool | None]:
 
 def _compiled_text(route: str, name: str, dtype) -> tuple[str, int, bool | None]:
   op, kwargs, one_system = VARIANTS.get(name, (name, {}, False))
-  columns = name in COLUMN_VARIANTS
+  columns = (name in COLUMN_VARIANTS or (name in WIDE_COLUMN_VARIANTS and (
+      "grid" if name.endswith("-grid") else "wide")))
   uneven = name in UNEVEN_VARIANTS and ("grouped" if name.endswith("-grouped") else True)
   leaves, segments = _case("clip_grad_norm" if one_system else op, dtype, columns, uneven)
   split = _split_rows if uneven else list

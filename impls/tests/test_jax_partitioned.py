@@ -6,7 +6,10 @@ calls each case made are counted (``partitioned.COUNTS``), so a case that silent
 whole call instead of exchanging partials fails too: every device hands XLA its part of each
 round before the decision (one round; two where the maxima come first: p > 6, float64
 leaves), and its part of the near-tie round where the threshold ties the norm exactly.
-``conformance/test_sharding.py`` runs rule 14's layout grid through the same route.
+Leaves split by columns, on one mesh axis or with their rows on another, are read in place
+(each device counts the leaves it wrote from such a tile), and the layout's plan is checked
+below the outputs, on the float64 block sums. ``conformance/test_sharding.py`` runs rule
+14's layout grid through the same route.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ EXPECTED = {
     "other-axes-whole": ONE_ROUND, "replicated-and-0d": ONE_ROUND,
     "float64-p2": TWO_ROUNDS, "float64-pinf": ONE_ROUND,
     "float64-tie": {"rounds": 2 * DEVICES, "ties": DEVICES, "finished": DEVICES},
+    # Leaves split by columns (``column_cases``), on a 1-D and a 2 x 2 mesh.
+    "columns": ONE_ROUND, "columns-p8-two-rounds": TWO_ROUNDS, "columns-pinf": ONE_ROUND,
+    "columns-step": ONE_ROUND, "columns-nan-zero": ONE_ROUND, "columns-bfloat16": ONE_ROUND,
+    "columns-float64": TWO_ROUNDS, "columns-tie": TIE, "columns-uneven": ONE_ROUND,
+    "columns-grid": ONE_ROUND, "columns-grid-uneven": TWO_ROUNDS,
     # Batched: the whole call (custom partitioning has no batching rule). Differentiated: the
     # primal through the rule; counted by neither.
     "vmap": {}, "grad": {},
@@ -50,6 +58,17 @@ EXPECTED = {
 # per leaf (the chunk is sized for that layout); interleaved systems send their elements.
 ONE_PASS_A_ROUND = {case for case in EXPECTED if case.startswith("segments-")} - {
     "segments-interleaved", "segments-out-of-range"}
+
+
+# Leaves each device wrote from a tile split by columns, summed over the devices: a leaf read
+# in place counts once a device; narrower columns (``columns-uneven``'s 3-vectors) and
+# max-step's are gathered along the columns and count none.
+COLUMNS_READ_IN_PLACE = {
+    "columns": 3 * DEVICES, "columns-p8-two-rounds": 3 * DEVICES, "columns-pinf": 3 * DEVICES,
+    "columns-step": 0, "columns-nan-zero": 3 * DEVICES, "columns-bfloat16": 3 * DEVICES,
+    "columns-float64": 3 * DEVICES, "columns-tie": DEVICES, "columns-uneven": 3 * DEVICES,
+    "columns-grid": 4 * DEVICES, "columns-grid-uneven": 3 * DEVICES,
+}
 
 
 @functools.cache
@@ -86,5 +105,27 @@ def test_per_system_rounds_stream_in_chunks(case):
   assert row["left_on_host"] == 0, row
 
 
+@pytest.mark.parametrize("case", sorted(COLUMNS_READ_IN_PLACE))
+def test_columns_are_read_in_place(case):
+  row = child_rows()[case]
+  assert row["columns"] == COLUMNS_READ_IN_PLACE[case], row
+
+
+# ``plan_cases``: leaves split by columns on a 1-D mesh, rows and columns on a 2 x 2 mesh, and
+# copies along an axis a leaf is not split on; how many leaves each reads in place.
+PLANS = {"plan-columns": 3, "plan-grid": 4, "plan-grid-copies": 5}
+
+
+@pytest.mark.parametrize("case", sorted(PLANS))
+def test_every_device_folds_the_unsharded_block_sums_from_its_tile(case):
+  """Each device's tile is the one the program holds (JAX's own indexing of the rule's
+  shardings), and the numba kernels' sharded route on the tiles, as ``mesh_pieces`` lays
+  them out, folds the unsharded call's float64 sums bit for bit. A wrong rank order or
+  column stretch fails here where the float32 outputs may not show it."""
+  row = child_rows()[case]
+  assert "error" not in row, row["error"]
+  assert row["tiles"] and row["sums"] and row["in_place"] == PLANS[case], row
+
+
 def test_every_case_of_the_child_is_expected():
-  assert sorted(child_rows()) == sorted(EXPECTED)
+  assert sorted(child_rows()) == sorted(set(EXPECTED) | set(PLANS))

@@ -21,11 +21,13 @@ integer limb sums the device all-reduces (``exact_fallback.exact_limb_sums``), a
 from the element bits of one chosen vector per system and round (``step_ties``); for p =
 +-inf (no near-tie exists); and on float64 leaves (p = 2, -inf), whose one system the wide
 route reads as a few blocks, the leaves side by side so that their rows stay where they are.
-Leaves split by columns (tensor parallelism) are compiled too: the graph route reads float32
-leaves on their own axes and passes, and their sharded bits are checked against the
-unsharded call's (rule 14's grid splits 3 columns, unevenly; these are larger); its float64
-pass and the FFI route move them, and the float64 pass moves leaves whose rows do not divide
-among the devices. The FFI route's float64 cases are its float64 exchanges. The cases
+Leaves split by columns (tensor parallelism) are compiled too, and their sharded bits are
+checked against the unsharded call's (rule 14's grid splits 3 columns, unevenly; these are
+larger): the graph route reads float32 leaves on their own axes and passes; the FFI route
+reads columns of at least a sub-block a device in place, on a 1-D mesh and with rows and
+columns on the two axes of a 2 x 2 mesh, and passes, and gathers narrower ones along the
+columns; the graph route's float64 pass moves them, and moves leaves whose rows do not
+divide among the devices. The FFI route's float64 cases are its float64 exchanges. The cases
 that still move leaf-sized data are strict expected failures that turn into failures the day
 they stop (then drop the mark). optax's ``clip_by_global_norm`` on the same leaves is the
 control that passes: a partitioned program whose only collective is the all-reduce of
@@ -57,9 +59,12 @@ WIDE_UNEVEN_ROWS_MOVE = ("the graph route's float64 pass reads a leaf as (2**k, 
                          "not divide among the devices, XLA cannot build that view from padded "
                          "shards and all-gathers the leaf (a block per leaf on its own axes "
                          "would not, at the compile time noted in WIDE_COLUMNS_MOVE; issue 32)")
-FFI_COLUMNS_GATHER = ("the FFI (numba) route's partitioning rule keeps a leaf's split of its "
-                      "rows only; a leaf split along another axis is made whole on every "
-                      "device (impls/own/jax/partitioned.py; issue 32)")
+FFI_NARROW_COLUMNS = ("the FFI (numba) route reads a leaf's columns in place only where each "
+                      "device holds a sub-block (256 elements) of every row or none: its bits "
+                      "come from sub-blocks in the order of the rows, and one two devices "
+                      "share travels as its elements, so 32 and 64 columns a device "
+                      "(COLUMN_SHAPES' first two leaves) are gathered along the columns "
+                      "instead (impls/own/jax/mesh_pieces.py; issue 32)")
 
 CASES = [
     pytest.param("optax", "clip_grad_norm"),
@@ -93,7 +98,10 @@ CASES = [
     pytest.param("ffi", "clip_grad_norm-float64"),
     pytest.param("ffi", "clip_grad_norm-float64-pmin"),
     pytest.param("ffi", "clip_grad_norm-columns",
-                 marks=pytest.mark.xfail(strict=True, reason=FFI_COLUMNS_GATHER)),
+                 marks=pytest.mark.xfail(strict=True, reason=FFI_NARROW_COLUMNS)),
+    pytest.param("ffi", "clip_grad_norm-columns-wide"),
+    pytest.param("ffi", "clip_grad_norm-columns-wide-p8"),
+    pytest.param("ffi", "clip_grad_norm-columns-grid"),
     pytest.param("ffi", "clip_by_global_norm"),
     pytest.param("ffi", "clip_by_max_step"),
 ]

@@ -38,6 +38,27 @@ class ThreadGroup:
     return (PointToPointMember if self.point_to_point else Member)(self, rank)
 
 
+def on_every_rank(group: ThreadGroup, body) -> None:
+  """``body(rank)`` on a thread per rank of ``group``; then the first error any raised (a rank
+  that fails aborts the group's barrier, so the others stop waiting for it)."""
+  errors: list = []
+
+  def run(g: int):
+    try:
+      body(g)
+    except BaseException as e:  # pylint: disable=broad-except
+      errors.append(e)
+      group.barrier.abort()
+
+  workers = [threading.Thread(target=run, args=(g,)) for g in range(group.size)]
+  for w in workers:
+    w.start()
+  for w in workers:
+    w.join()
+  if errors:
+    raise errors[0]
+
+
 class Member:
   """One rank's view of a :class:`ThreadGroup` (``sharded.Collective``)."""
 
@@ -141,30 +162,19 @@ def sharded_call(op: str, leaves, threshold, *, ranks: int, rng, segments=None,
   results: list = [None] * ranks
   stats: list = [None] * ranks
   sent = np.zeros((ranks, 2), np.int64)  # by the call (the check of its sums sends again)
-  errors: list = []
 
   def rank_main(g: int):
-    try:
-      segs = NO_SEGMENTS if segments is None else checked_segments(pieces[g], ids[g], K)
-      results[g] = sharded.run(pieces[g], layout, threshold, segs, shards, group.member(g), p,
-                               nonfinite, step=op == "clip_by_max_step")
-      sent[g] = group.sent[g], group.sent_point_to_point[g]
-      # The folded sums themselves, which few outputs would show: a float32 norm and a
-      # factor of 24 bits rarely reveal a changed last bit of a float64 sum.
-      source = sharded.ShardedBlocks(Prepared(pieces[g], leaf_layout(pieces[g]), segs), layout,
-                                     shards, group.member(g))
-      stats[g] = _stats(source, op, p, nonfinite, layout)
-    except BaseException as e:  # pylint: disable=broad-except
-      errors.append(e)
-      group.barrier.abort()
+    segs = NO_SEGMENTS if segments is None else checked_segments(pieces[g], ids[g], K)
+    results[g] = sharded.run(pieces[g], layout, threshold, segs, shards, group.member(g), p,
+                             nonfinite, step=op == "clip_by_max_step")
+    sent[g] = group.sent[g], group.sent_point_to_point[g]
+    # The folded sums themselves, which few outputs would show: a float32 norm and a
+    # factor of 24 bits rarely reveal a changed last bit of a float64 sum.
+    source = sharded.ShardedBlocks(Prepared(pieces[g], leaf_layout(pieces[g]), segs), layout,
+                                   shards, group.member(g))
+    stats[g] = _stats(source, op, p, nonfinite, layout)
 
-  workers = [threading.Thread(target=rank_main, args=(g,)) for g in range(ranks)]
-  for w in workers:
-    w.start()
-  for w in workers:
-    w.join()
-  if errors:
-    raise errors[0]
+  on_every_rank(group, rank_main)
   whole = NO_SEGMENTS if segments is None else checked_segments(leaves, segments, K)
   want = _stats(general.LocalBlocks(Prepared(list(leaves), layout, whole)), op, p, nonfinite,
                 layout)

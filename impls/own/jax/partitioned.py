@@ -13,7 +13,7 @@ Per device, the partitioned program is:
 1. one custom call per exchange round before the decision (one; two for float64 leaves or
    p > 6, whose maxima come first): the device's rows reduced, its part of the round written
    into a static buffer;
-2. an ``all_gather`` of that buffer over the mesh axis the rows are split on;
+2. an ``all_gather`` of that buffer over the mesh axes the leaves are split on;
 3. a custom call that folds every device's block results in the unsharded order, decides and
    scales the device's own rows into XLA's result buffers;
 4. under ``lax.cond``, only when some system is a near-tie: an ``all_gather`` of the device's
@@ -29,11 +29,13 @@ on the size of an exact partial for the tie round.
 
 Where it applies: global clipping (``clip_grad_norm``, and the per-system operations without
 segments: one system) for p an integer, +-inf, and max-step (calls with segments take
-:mod:`.partitioned_segments`, whose rounds, sized by the ids, are streamed in chunks). Leaves
-whose rows are split over one mesh axis (``P(axis, None, ...)``; uneven splits and empty
-shards included) keep their placement; other leaves are made whole on every device (XLA
-gathers them) and read as replicated. Still the whole call on every device (no rule, XLA
-gathers every operand):
+:mod:`.partitioned_segments`, whose rounds, sized by the ids, are streamed in chunks). A leaf
+keeps its split of its rows and of one later axis (tensor parallelism's columns), over any
+mesh axes, uneven splits and empty tiles included (:func:`.mesh_pieces.pieces`): each device
+reads its own tile. XLA makes whole, before the program runs, the splits it cannot keep:
+columns narrower than a sub-block a device, splits of two axes after the first, and
+max-step's columns. Still the whole call on every device (no rule, XLA gathers every
+operand):
 
 * a non-integer p: its exact tie test needs the flagged systems' elements;
 * ``jax.vmap`` (custom partitioning has no batching rule: the batched call is the whole one).
@@ -55,7 +57,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from clipbench.impls.own.jax import host_route, mesh_rows, xla_ffi
+from clipbench.impls.own.jax import host_route, mesh_pieces, xla_ffi
 from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import shard_plan, sharded
 from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
@@ -119,9 +121,8 @@ class Stage(NamedTuple):
   """One custom call of a partitioned call, looked up by the key it carries."""
 
   spec: host_route.CallSpec
-  layout: LeafLayout  # the whole leaves
-  shards: shard_plan.ShardLayout
-  local_shapes: tuple  # each leaf's buffer on a device (uneven splits padded)
+  layout: LeafLayout  # the whole leaves, read as ``pieces.views``
+  pieces: mesh_pieces.Pieces  # every device's tile of every leaf, and its buffer
   known: tuple  # sizes of the gathered buffers this call receives, by round
   record: int  # size of the buffer it hands back (its part of the next round)
   finishes: bool  # writes the outputs and norms (else only its part of a round)
@@ -137,10 +138,11 @@ class Counts:
     self.ties = 0  # parts of a near-tie round
     self.finished = 0  # outputs written
     self.passes = 0  # passes of a per-system call's chunk loop (:mod:`.partitioned_segments`)
+    self.columns = 0  # leaves written from tiles split along a later axis than the rows
 
-  def add(self, what: str) -> None:
+  def add(self, what: str, n: int = 1) -> None:
     with self._lock:
-      setattr(self, what, getattr(self, what) + 1)
+      setattr(self, what, getattr(self, what) + n)
 
 
 COUNTS = Counts()
@@ -205,25 +207,76 @@ def _write_round(address: int, size: int, payload: np.ndarray) -> None:
   out[_HEADER + payload.size:] = 0
 
 
+class _Tiles:
+  """A device's tiles in XLA's buffers, which pad short tiles: a tile short in its rows only
+  is the buffer's first rows, read and written in place; one short in its second axis (an
+  uneven split of the columns) is strided there, so it is copied out to be read, and its
+  outputs are written beside and copied in (memory of the tile, not of the leaf)."""
+
+  def __init__(self, shapes: tuple, buffers: tuple, dtypes: tuple):
+    self._at = [(s, b, np.dtype(d)) for s, b, d in zip(shapes, buffers, dtypes)]
+    self._strided = [h[1:] != b[1:] for h, b, _ in self._at]
+    self._inputs: dict[int, np.ndarray] = {}
+    self._outputs: dict[int, np.ndarray] = {}
+
+  def _addresses(self, addresses, copies: dict[int, np.ndarray]) -> np.ndarray:
+    out = np.array([int(a) for a in addresses], np.int64)
+    for i, copy in copies.items():
+      out[i] = copy.ctypes.data if copy.size else 0
+    return out
+
+  def read(self, addresses) -> np.ndarray:
+    """The data address of each tile: in the operand buffer, or of its copy."""
+    for i, (held, buffer, dtype) in enumerate(self._at):
+      if self._strided[i]:
+        tile = array_at(int(addresses[i]), buffer, dtype, True)[tuple(map(slice, held))]
+        self._inputs[i] = np.ascontiguousarray(tile)
+    return self._addresses(addresses, self._inputs)
+
+  def write(self, addresses) -> np.ndarray:
+    """Where each output tile is written: in the result buffer, or beside it."""
+    for i, (held, _, dtype) in enumerate(self._at):
+      if self._strided[i]:
+        self._outputs[i] = np.empty(held, dtype)
+    return self._addresses(addresses, self._outputs)
+
+  def written(self, addresses) -> None:
+    """Result buffers completed: tiles written beside copied in, and XLA's padding zeroed
+    (never read back, but its buffers are not cleared)."""
+    for i, (held, buffer, dtype) in enumerate(self._at):
+      if held == buffer:
+        continue
+      result = array_at(int(addresses[i]), buffer, dtype, False)
+      result[held[0]:] = 0
+      if self._strided[i]:
+        tile = tuple(map(slice, held))
+        padding = np.ones(buffer, bool)
+        padding[tile] = False
+        result[tile] = self._outputs[i]
+        result[padding] = 0
+
+
 def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   """The body of every stage: operands (rank, local leaves, threshold parts, gathered rounds)
   in place; results (the next round's buffer, or outputs, norms, a tie flag and the tie
   round's buffer) filled."""
   stage = _STAGES[key]
-  spec, nl = stage.spec, len(stage.local_shapes)
+  spec, pieces = stage.spec, stage.pieces
+  shards, nl = pieces.shards, len(pieces.buffers)
   rank = int(array_at(int(args[0]), (), np.dtype(np.int32), True))
-  held = stage.shards.counts[rank, :, 0]
-  shapes = [(int(n),) + s[1:] if s else s for n, s in zip(held, stage.local_shapes)]
-  leaves = list(LeavesAt(args[1:1 + nl], tuple(shapes), spec.leaf_dtypes, True))
+  shapes = pieces.held_views[rank]
+  tiles = _Tiles(pieces.held[rank], pieces.buffers, spec.leaf_dtypes)
+  leaves = list(LeavesAt(tiles.read(args[1:1 + nl]), shapes, spec.leaf_dtypes, True))
   t = spec.threshold_size
   m, e, inf = (array_at(int(a), (t,), np.dtype(d), True)
                for a, d in zip(args[1 + nl:4 + nl], (np.float64, np.int32, np.bool_)))
   c = host_route.threshold_values(m, e, inf)
   c = np.where(np.isnan(c) | (c < 0), 0.0, c).reshape(-1)[:1]  # one system
-  known = [array_at(int(a), (stage.shards.counts.shape[0], n), np.dtype(np.uint8), True)
+  ranks = shards.counts.shape[0]
+  known = [array_at(int(a), (ranks, n), np.dtype(np.uint8), True)
            for a, n in zip(args[4 + nl:], stage.known)]
-  rounds = ReplayedRounds(rank, stage.shards.counts.shape[0], known)
-  run = functools.partial(sharded.run, leaves, stage.layout, c, NO_SEGMENTS, stage.shards,
+  rounds = ReplayedRounds(rank, ranks, known)
+  run = functools.partial(sharded.run, leaves, stage.layout, c, NO_SEGMENTS, shards,
                           rounds, spec.p, spec.nonfinite, step=spec.op == "clip_by_max_step")
   if not stage.finishes:
     try:
@@ -233,12 +286,9 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
       COUNTS.add("rounds")
       return
     raise RuntimeError("the sharded route finished before its exchange")
-  for i, (s, full, d) in enumerate(zip(shapes, stage.local_shapes, spec.leaf_dtypes)):
-    if s != full:  # rows XLA pads an uneven shard with: zeros, never read back
-      array_at(int(rets[i]), full, d, False)[s[0]:] = 0
   need = array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)
   try:
-    with writing_into(LeavesAt(rets[:nl], tuple(shapes), spec.leaf_dtypes, False)):
+    with writing_into(LeavesAt(tiles.write(rets[:nl]), shapes, spec.leaf_dtypes, False)):
       _, norms = run()
   except Recorded as recorded:
     need[...] = 1
@@ -246,7 +296,9 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
     COUNTS.add("ties")
     return
   need[...] = 0
+  tiles.written(rets[:nl])
   COUNTS.add("finished")
+  COUNTS.add("columns", sum(pieces.by_columns))
   array_at(int(rets[nl]), (1,), spec.norms_dtype, False)[...] = np.asarray(norms).reshape(-1)
   if stage.record:
     _write_round(int(rets[nl + 2]), stage.record, np.zeros(0, np.uint8))
@@ -257,14 +309,15 @@ def _call(stage: Stage, results: list, rank, leaves, m, e, inf, gathered):
                                            *leaves, m, e, inf, *gathered)
 
 
-def _lower(spec: host_route.CallSpec, layout: LeafLayout, shards: shard_plan.ShardLayout,
-           local_shapes: tuple, axis: str, bounds: list[int], tie: int):
+def _lower(spec: host_route.CallSpec, layout: LeafLayout, pieces: mesh_pieces.Pieces,
+           bounds: list[int], tie: int):
   """The per-device program (see the module docstring)."""
   u8 = lambda n: jax.ShapeDtypeStruct((n,), jnp.uint8)
-  outs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(local_shapes, spec.leaf_dtypes)]
+  outs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(pieces.buffers, spec.leaf_dtypes)]
   finish = outs + [jax.ShapeDtypeStruct((1,), spec.norms_dtype),
                    jax.ShapeDtypeStruct((), jnp.int32), u8(tie)]
-  stage = functools.partial(Stage, spec, layout, shards, local_shapes)
+  stage = functools.partial(Stage, spec, layout, pieces)
+  axis = pieces.axes  # a device's rank: its linear index over them, as all_gather orders it
 
   def lower(m, e, inf, *leaves):
     with jax.enable_x64(True):
@@ -292,27 +345,16 @@ def _lower(spec: host_route.CallSpec, layout: LeafLayout, shards: shard_plan.Sha
 def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   del result_shape
   whole = NamedSharding(mesh, P())
-  axis, leaf_shardings = mesh_rows.placements(mesh, arg_shapes[3:])
-  arg_shardings = (whole,) * 3 + leaf_shardings
-  result_shardings = (leaf_shardings, whole)
-  if axis is None:  # every leaf whole on every device: the whole call, nothing to exchange
+  pieces = mesh_pieces.pieces(mesh, arg_shapes[3:], rows_only=spec.op == "clip_by_max_step")
+  arg_shardings = (whole,) * 3 + pieces.shardings
+  result_shardings = (pieces.shardings, whole)
+  if not pieces.axes:  # every leaf whole on every device: the whole call, nothing to exchange
     return mesh, functools.partial(_whole, spec), result_shardings, arg_shardings
-  ranks = mesh.shape[axis]
-  split = np.array([s.spec != P() for s in leaf_shardings])
-  rows = [s[0] if s else 1 for s in spec.leaf_shapes]
-  counts = np.array([[mesh_rows.shard_rows(n, ranks)[g] if cut else n
-                      for n, cut in zip(rows, split)] for g in range(ranks)],
-                    dtype=np.int64)[:, :, None]
-  shards = shard_plan.ShardLayout(counts, np.tile(np.arange(ranks, dtype=np.int64),
-                                                  (len(rows), 1)), ~split)
-  layout = leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes))
-  local_shapes = tuple(mesh_rows.local_shape(s, ranks) if cut else s
-                       for s, cut in zip(spec.leaf_shapes, split))
-  bounds = [int(shard_plan.exchange_bytes(shards, layout, *x).max()) + _HEADER
+  layout = leaf_layout_of(list(pieces.views), list(spec.leaf_dtypes))
+  bounds = [int(shard_plan.exchange_bytes(pieces.shards, layout, *x).max()) + _HEADER
             for x in exchanges(spec)]
   tie = tie_bytes(spec.leaf_dtypes, spec.p, spec.op == "clip_by_max_step") + 64 + _HEADER
-  lower = _lower(spec, layout, shards, local_shapes, axis, bounds, tie)
-  return mesh, lower, result_shardings, arg_shardings
+  return mesh, _lower(spec, layout, pieces, bounds, tie), result_shardings, arg_shardings
 
 
 def _whole(spec: host_route.CallSpec, m, e, inf, *leaves):

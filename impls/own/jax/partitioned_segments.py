@@ -36,7 +36,7 @@ an operand, so executions running side by side do not mix): block results, not r
 usual layout. The loop's passes are counted (``partitioned.COUNTS.passes``).
 
 Where it applies: per-system calls whose ids are one int32 array of rows per leaf, any p and
-max-step. Leaves and their ids are placed as :func:`.mesh_rows.placements` says (rows over one
+max-step. Leaves and their ids are placed as :func:`.mesh_pieces.placements` says (rows over one
 mesh axis, or whole). Still the whole call: ``jax.vmap`` (no batching rule).
 """
 
@@ -56,7 +56,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from clipbench.impls.own import validation
-from clipbench.impls.own.jax import host_route, mesh_rows, partitioned, xla_ffi
+from clipbench.impls.own.jax import host_route, mesh_pieces, partitioned, xla_ffi
 from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import shard_plan, sharded
 from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
@@ -399,7 +399,7 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   del result_shape
   nl = len(spec.leaf_shapes)
   whole = NamedSharding(mesh, P())
-  axis, leaf_shardings = mesh_rows.placements(mesh, arg_shapes[3:3 + nl])
+  axis, leaf_shardings = mesh_pieces.placements(mesh, arg_shapes[3:3 + nl])
   split = np.array([s.spec != P() for s in leaf_shardings])
   id_shardings = tuple(NamedSharding(mesh, P(axis)) if cut else whole for cut in split)
   arg_shardings = (whole,) * 3 + leaf_shardings + id_shardings
@@ -408,9 +408,9 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
     return mesh, functools.partial(_whole, spec), result_shardings, arg_shardings
   ranks = mesh.shape[axis]
   rows = [s[0] for s in spec.leaf_shapes]
-  held = np.array([[mesh_rows.shard_rows(n, ranks)[g] if cut else n
+  held = np.array([[mesh_pieces.shard_rows(n, ranks)[g] if cut else n
                     for n, cut in zip(rows, split)] for g in range(ranks)], dtype=np.int64)
-  local_shapes = tuple(mesh_rows.local_shape(s, ranks) if cut else s
+  local_shapes = tuple(mesh_pieces.local_shape(s, ranks) if cut else s
                        for s, cut in zip(spec.leaf_shapes, split))
   plan = Plan(spec, leaf_layout_of(list(spec.leaf_shapes), list(spec.leaf_dtypes)), split,
               held, local_shapes, len(partitioned.exchanges(spec)),
