@@ -14,7 +14,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found (kups and brainstate need it); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
+	# pip byte-compiles what it installs on one core; compileall does the same on every core.
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[all]'
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -22,14 +24,17 @@ venv: $(VENV)/.installed
 # TRITON_INTERPRET=1: the Triton kernels run through the whole suite on the CPU (no GPU here).
 # Two pytest processes side by side, as most of the suite is single-threaded Python and CI has
 # two cores: the conformance suite in the foreground, the other tests beside it, their output
-# shown when they end (README, "Tests"). PYTEST_ARGS (options such as `--profile thorough`)
-# goes to both; to run some tests only, call `$(BIN)/python -m pytest PATH` instead.
-OTHER_TESTS := reference/tests impls/tests benchmarks/tests reports/tests clipbench/tests
+# shown when they end (README, "Tests"). The suite's own tests (SELF_TESTS: they check the
+# suite, not an implementation, and write no results) run with the other tests, which keeps
+# the two processes about as long. PYTEST_ARGS (options such as `--profile thorough`) goes to
+# both; to run some tests only, call `$(BIN)/python -m pytest PATH` instead.
+SELF_TESTS := conformance/tests conformance/test_suite_catches_broken.py
+OTHER_TESTS := reference/tests impls/tests benchmarks/tests reports/tests clipbench/tests $(SELF_TESTS)
 test: $(VENV)/.installed
 	@others_log=$$(mktemp); others=; trap 'rm -f "$$others_log"; [ -z "$$others" ] || kill $$others 2>/dev/null' EXIT; \
 	echo "the other tests ($(OTHER_TESTS)) run beside the conformance suite; their output follows it"; \
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider $(OTHER_TESTS) $(PYTEST_ARGS) >"$$others_log" 2>&1 & others=$$!; \
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider conformance $(PYTEST_ARGS); conformance=$$?; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider conformance $(SELF_TESTS:%=--ignore=%) $(PYTEST_ARGS); conformance=$$?; \
 	wait $$others; rest=$$?; others=; \
 	echo; echo "=== the other tests: $(OTHER_TESTS) ==="; cat "$$others_log"; \
 	echo "make test: conformance exit $$conformance, other tests exit $$rest"; \
