@@ -220,7 +220,7 @@ class _Tiles:
     self._outputs: dict[int, np.ndarray] = {}
 
   def _addresses(self, addresses, copies: dict[int, np.ndarray]) -> np.ndarray:
-    out = np.array([int(a) for a in addresses], np.int64)
+    out = np.array(addresses, np.int64)  # a copy: XLA's operand table is not ours to change
     for i, copy in copies.items():
       out[i] = copy.ctypes.data if copy.size else 0
     return out
