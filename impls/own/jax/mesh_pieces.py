@@ -35,10 +35,9 @@ def rows_axis(sharding: Any, ndim: int) -> str | None:
 
 
 def shard_rows(rows: int, ranks: int) -> list[int]:
-  """Rows of each device along an axis of ``ranks`` devices, as XLA tiles them:
-  ``ceil(rows / ranks)`` per device, the last ones short or empty."""
-  tile = -(-rows // ranks)
-  return [max(0, min(tile, rows - g * tile)) for g in range(ranks)]
+  """Rows of each device along an axis of ``ranks`` devices, as XLA tiles them
+  (:func:`_tile`)."""
+  return [_tile(rows, ranks, g)[1] for g in range(ranks)]
 
 
 def local_shape(shape: tuple, ranks: int) -> tuple:
