@@ -33,8 +33,8 @@ from clipbench.impls.own.jax import api  # noqa: E402
 W1_SHAPES = ((1024, 64), (512, 96), (2048, 16), (256, 128))
 PER_SYSTEM_SHAPES = ((65536, 3), (131072,))
 # float64 leaves, one system: every shard holds more than the near-tie loop's all-reduce of
-# float64 limb sums (2046 exponents x 5 limbs x 8 bytes, a constant of the call); one leaf's
-# elements are not a multiple of 1,024 (the wide pass's block rows: docs/sharding.md).
+# one leaf's float64 limb sums (2046 exponents x 5 limbs x 8 bytes; one a leaf, as the leaves
+# lie); one leaf's elements are not a multiple of 1,024 (docs/sharding.md).
 FLOAT64_SHAPES = ((4000, 30), (2048, 64), (1024, 96), (512, 128))
 # Leaves split along their last axis (tensor parallelism's columns), one system; a 3-D leaf
 # and one of 120 rows, whose rows have a small power of two. Every shard holds more than the
@@ -51,6 +51,9 @@ UNEVEN_W1_SHAPES = ((1023, 64), (1021, 96), (2047, 16), (257, 128))
 # to 4 padded shards of 128 rows, so the one-system pass cuts no groups where the device count
 # does not divide them (``systems.block``).
 UNEVEN_GROUPED_SHAPES = ((1023, 64), (510, 96))
+# float64 rows that do not divide among the devices; every shard holds more than a near-tie
+# round's all-reduce of one leaf's limb sums (80 KB: the leaves are apart, as they lie).
+UNEVEN_FLOAT64_SHAPES = ((4095, 30), (2047, 64), (1023, 96), (511, 128))
 UNEVEN_PER_SYSTEM_SHAPES = ((16381, 3), (32766,))
 NUM_SYSTEMS = 16
 ROUTES = {"graph": "graph", "ffi": "host"}
@@ -94,6 +97,8 @@ def _case(op: str, dtype=np.float32, columns: bool | str = False, uneven: bool |
     shapes = UNEVEN_W1_SHAPES if op == "clip_grad_norm" else UNEVEN_PER_SYSTEM_SHAPES
     if uneven == "grouped":
       shapes = UNEVEN_GROUPED_SHAPES
+    if dtype == np.float64:
+      shapes = UNEVEN_FLOAT64_SHAPES
   place = (_grid if columns == "grid" else _columns if columns else _whole if uneven
            else _rows)
   leaves = [jax.device_put(rng.standard_normal(s).astype(dtype), place(len(s)))
@@ -170,9 +175,9 @@ FFI_VARIANTS = tuple(v for v in VARIANTS if v not in COLUMN_VARIANTS + UNEVEN_VA
 
 def compiled_text(route: str, op: str) -> tuple[str, int, bool | None]:
   """The compiled per-device program's text, the smallest shard's bytes, and, for leaves split
-  by columns (which rule 14's grid does not lay out) and the leaf of 2 x 255 rows (one group
-  here, where unsharded it has two), whether the sharded call gave the unsharded call's bits
-  (None: not run)."""
+  by columns or into uneven rows inside the program (which rule 14's grid does not lay out)
+  and the leaf of 2 x 255 rows (one group here, where unsharded it has two), whether the
+  sharded call gave the unsharded call's bits (None: not run)."""
   if op in FLOAT64_VARIANTS:
     with jax.enable_x64(True):
       return _compiled_text(route, op, np.float64)
@@ -205,9 +210,14 @@ def _compiled_text(route: str, name: str, dtype) -> tuple[str, int, bool | None]
     lowered = jitted.lower(leaves, segments)
   compiled = lowered.compile()
   same = None
-  if columns or uneven == "grouped":
-    got = compiled(leaves)
-    want = function([np.asarray(x) for x in leaves], 1.0, route=route)
+  if columns or uneven:
+    host = [np.asarray(x) for x in leaves]
+    if segments is None:
+      got, want = compiled(leaves), function(host, 1.0, route=route)
+    else:
+      got = compiled(leaves, segments)
+      want = function(host, 1.0, segments=[np.asarray(g) for g in segments],
+                      num_systems=NUM_SYSTEMS, route=route)
     same = all(np.asarray(g).tobytes() == np.asarray(w).tobytes()
                for g, w in zip(list(got[0]) + [got[1]], list(want[0]) + [want[1]]))
   return compiled.as_text(), smallest_shard(leaves, segments), same
@@ -232,9 +242,22 @@ def _step_tie():
   return [vec, flat], segs, thresholds
 
 
+def _norm_tie(p: float):
+  """(float64 leaves, threshold) of a one-system near-tie: COLUMN_SHAPES' leaves of ones with
+  444 zeros spread over them, so 686**2 ones: the 2-norm is 686 and the 1-norm 686**2, the
+  threshold exactly. Split by columns, every device holds ones of every leaf."""
+  leaves = [np.ones(s) for s in COLUMN_SHAPES]
+  rng = np.random.default_rng(2)
+  for x in leaves:
+    x.reshape(-1)[rng.choice(x.size, 111, replace=False)] = 0.0
+  assert sum(int(x.sum()) for x in leaves) == 686 ** 2
+  return leaves, 686.0 if p == 2 else 686.0 ** 2
+
+
 def tie_rows():
-  """The sharded jitted graph route against the unsharded eager call (the leaves' way), bit
-  for bit, with the device rounds it made and the leaves' way's calls (there must be none)."""
+  """The sharded jitted graph route against the unsharded eager call, bit for bit, with the
+  device rounds it made (max-step's vector rounds, p = 1, 2's limb-sum rounds) and the leaves'
+  way's calls (there must be none)."""
   from clipbench.impls.own.jax import exact_fallback, step_ties  # noqa: E402
   calls = {"rounds": 0, "leaves": 0}
 
@@ -245,7 +268,14 @@ def tie_rows():
     return wrapped
 
   step_ties.host_round = counted(step_ties.host_round, "rounds")
+  exact_fallback.host_limb_tie = counted(exact_fallback.host_limb_tie, "rounds")
   exact_fallback.host_ties = counted(exact_fallback.host_ties, "leaves")
+
+  def row(name, want, got):
+    same = all(np.asarray(g).tobytes() == np.asarray(w).tobytes()
+               for g, w in zip(list(got[0]) + [got[1]], list(want[0]) + [want[1]]))
+    print(json.dumps({"tie": name, "same": same, **calls}), flush=True)
+
   leaves, segs, c = _step_tie()
   function = functools.partial(api.clip_by_max_step, route="graph", num_systems=NUM_SYSTEMS)
   want = function(leaves, c, segments=segs)
@@ -253,9 +283,17 @@ def tie_rows():
   got = jax.jit(lambda xs, gs: function(xs, c, segments=gs))(
       [jax.device_put(x, _rows(x.ndim)) for x in leaves],
       [jax.device_put(g, _rows(1)) for g in segs])
-  same = all(np.asarray(g).tobytes() == np.asarray(w).tobytes()
-             for g, w in zip(list(got[0]) + [got[1]], list(want[0]) + [want[1]]))
-  print(json.dumps({"tie": "step-at-5.0", "same": same, **calls}), flush=True)
+  row("step-at-5.0", want, got)
+  # float64 leaves split by columns: each leaf's limb sums are all-reduced where it lies.
+  with jax.enable_x64(True):
+    for p in (1.0, 2.0):
+      leaves, c = _norm_tie(p)
+      function = functools.partial(api.clip_grad_norm, norm_type=p, route="graph")
+      want = function(leaves, c)
+      calls.update(rounds=0, leaves=0)
+      got = jax.jit(lambda xs: function(xs, c))(
+          [jax.device_put(x, _columns(x.ndim)) for x in leaves])
+      row(f"columns-float64-p{p:g}-at-norm", want, got)
 
 
 def main() -> int:

@@ -20,18 +20,19 @@ too) with and without segments, and for max-step: its near-ties are settled from
 integer limb sums the device all-reduces (``exact_fallback.exact_limb_sums``), and max-step's
 from the element bits of one chosen vector per system and round (``step_ties``); for p =
 +-inf (no near-tie exists); and on float64 leaves (p = 2, -inf), whose one system the wide
-route reads as a few blocks, the leaves side by side so that their rows stay where they are.
-Leaves split by columns (tensor parallelism) are compiled too, and their sharded bits are
-checked against the unsharded call's (rule 14's grid splits 3 columns, unevenly; these are
-larger): the graph route reads float32 leaves on their own axes and passes; the FFI route
-reads columns of at least a sub-block a device in place, on a 1-D mesh and with rows and
-columns on the two axes of a 2 x 2 mesh, and passes, and gathers narrower ones along the
-columns; the graph route's float64 pass moves them, and moves leaves whose rows do not
-divide among the devices. The FFI route's float64 cases are its float64 exchanges. The cases
-that still move leaf-sized data are strict expected failures that turn into failures the day
-they stop (then drop the mark). optax's ``clip_by_global_norm`` on the same leaves is the
-control that passes: a partitioned program whose only collective is the all-reduce of
-per-device partial norms.
+route reads, where the leaves may lie split, on each leaf's own axes (1-D leaves whose rows
+divide among the devices side by side in blocks). Leaves split by columns (tensor
+parallelism), and leaves whose rows do not divide among the devices (split inside the
+program), are compiled too, and their sharded bits are checked against the unsharded call's
+(rule 14's grid splits 3 columns, unevenly; these are larger): the graph route reads them on
+their own axes and passes, float64 included, with its near-ties of float64 leaves split by
+columns run sharded too; the FFI route reads columns of at least a sub-block a device in
+place, on a 1-D mesh and with rows and columns on the two axes of a 2 x 2 mesh, and passes,
+and gathers narrower ones along the columns. The FFI route's float64 cases are its float64
+exchanges. The cases that still move leaf-sized data are strict expected failures that turn
+into failures the day they stop (then drop the mark). optax's ``clip_by_global_norm`` on the
+same leaves is the control that passes: a partitioned program whose only collective is the
+all-reduce of per-device partial norms.
 """
 
 from __future__ import annotations
@@ -49,16 +50,6 @@ TIE_GATHERS = ("the graph route's near-tie fallback for p other than 1, 2 "
                "from limb sums on the device was tried and cost too much compile time and "
                "memory in every program: docs/sharding.md; issue 32, part 2)")
 
-WIDE_COLUMNS_MOVE = ("the graph route's float64 pass reads one system's leaves as a few "
-                     "blocks, each leaf's elements in flat order (systems.dtype_blocks: a "
-                     "block per leaf would multiply the compile time of a many-leaf call), "
-                     "and XLA's partitioner moves a leaf split along an inner axis to build "
-                     "them (docs/sharding.md; issue 32)")
-WIDE_UNEVEN_ROWS_MOVE = ("the graph route's float64 pass reads a leaf as (2**k, -1), its rows "
-                         "flattened with its columns (systems.dtype_blocks); where the rows do "
-                         "not divide among the devices, XLA cannot build that view from padded "
-                         "shards and all-gathers the leaf (a block per leaf on its own axes "
-                         "would not, at the compile time noted in WIDE_COLUMNS_MOVE; issue 32)")
 FFI_NARROW_COLUMNS = ("the FFI (numba) route reads a leaf's columns in place only where each "
                       "device holds a sub-block (256 elements) of every row or none: its bits "
                       "come from sub-blocks in the order of the rows, and one two devices "
@@ -86,10 +77,8 @@ CASES = [
     pytest.param("graph", "clip_by_global_norm-uneven"),
     pytest.param("graph", "clip_by_global_norm-uneven-p1"),
     pytest.param("graph", "clip_by_max_step-uneven"),
-    pytest.param("graph", "clip_grad_norm-uneven-float64",
-                 marks=pytest.mark.xfail(strict=True, reason=WIDE_UNEVEN_ROWS_MOVE)),
-    pytest.param("graph", "clip_grad_norm-columns-float64",
-                 marks=pytest.mark.xfail(strict=True, reason=WIDE_COLUMNS_MOVE)),
+    pytest.param("graph", "clip_grad_norm-uneven-float64"),
+    pytest.param("graph", "clip_grad_norm-columns-float64"),
     pytest.param("ffi", "clip_grad_norm"),
     pytest.param("ffi", "clip_grad_norm-pinf"),
     pytest.param("ffi", "clip_grad_norm-p8"),
@@ -115,13 +104,14 @@ def compiled_cases() -> dict[tuple[str, str], dict]:
   return {(row["route"], row["op"]): row for row in child_rows() if "route" in row}
 
 
-TIES = ("step-at-5.0",)
+TIES = ("step-at-5.0", "columns-float64-p1-at-norm", "columns-float64-p2-at-norm")
 
 
 @pytest.mark.parametrize("case", TIES)
 def test_sharded_graph_ties_give_the_unsharded_bits(case):
-  """A max-step near-tie, sharded over 4 devices and settled on them, gives the unsharded
-  (eager, leaves' way) bits; the device way ran and the leaves' way did not."""
+  """A max-step near-tie, and float64 leaves split by columns whose norm is the threshold,
+  sharded over 4 devices and settled on them, give the unsharded bits; the device way ran and
+  the leaves' way did not."""
   rows = {row["tie"]: row for row in child_rows() if "tie" in row}
   assert sorted(rows) == sorted(TIES)
   row = rows[case]
@@ -134,9 +124,10 @@ def test_sharded_call_moves_no_leaf_sized_collective(route, op):
   # A partitioned program has collectives (the per-system partials): none means the parse
   # found nothing, and the check below would pass on nothing.
   assert row["collectives"] > 0, row
-  # Leaves split by columns are outside rule 14's grid, and the 2 x 255 rows' view differs
-  # from the unsharded call's: their bits are checked here.
-  checked = "columns" in op or op.endswith("-grouped")
+  # Leaves split by columns or into uneven rows inside the program are outside rule 14's
+  # grid, and the 2 x 255 rows' view differs from the unsharded call's: their bits are
+  # checked here.
+  checked = "columns" in op or "uneven" in op
   assert row["same_bits"] is (True if checked else None), row
   assert not row["leaf_sized"], (
       f"{route} {op}: collectives of at least {row['smallest_shard']} bytes (a leaf's "

@@ -25,7 +25,7 @@ from clipbench.impls.own.jax.pairwise import pairwise_sum_last
 from clipbench.impls.own.jax.power_sums import (MAX_HALVED_POWER, extract, fold_grids,
                                                 power_term, term_error)
 from clipbench.impls.own.jax.systems import (Systems, SystemStats, block, element_counts,
-                                             inner_axes, per_group, vectors)
+                                             inner_axes, per_group, variadic_reduce, vectors)
 
 _TWO_M149 = 2.0 ** -149
 _TWO_M133 = 2.0 ** -133
@@ -62,18 +62,6 @@ def widen(x, zero_nonfinite: bool = True):
   if zero_nonfinite:
     v = jnp.where(nonfinite, 0.0, v)
   return v, nan, nonfinite
-
-
-def _vreduce(arrays, inits, ops, axes: tuple[int, ...]):
-  """Several reductions over the same axes in a single variadic XLA reduce (XLA on CPU runs
-  one multi-output reduce far faster than separate reductions of a shared fused producer)."""
-  fns = {"sum": lax.add, "max": lax.max, "min": lax.min}
-
-  def body(a, b):
-    return tuple(fns[op](u, w) for op, u, w in zip(ops, a, b))
-
-  inits = tuple(jnp.asarray(i, a.dtype) for i, a in zip(inits, arrays))
-  return lax.reduce(tuple(arrays), inits, body, axes)
 
 
 def _system_flags(nan, nonfinite, systems: Systems, leaf: int):
@@ -115,7 +103,7 @@ def _float_max_and_flags(leaf_blocks, systems: Systems, zero_mode: bool):
     c = jnp.where(jnp.isnan(xr), 2.0, jnp.where(nonfinite, 1.0, 0.0)).astype(jnp.float32)
     if zero_mode:
       ax = jnp.where(nonfinite, 0.0, ax)
-    red = _vreduce([ax, c], [0.0, 0.0], ["max", "max"], inner_axes(xr))
+    red = variadic_reduce([ax, c], [0.0, 0.0], ["max", "max"], inner_axes(xr))
     both = systems.row_reduce(jnp.stack(red, axis=1), i, "max")  # one scatter
     m32 = jnp.maximum(m32, both[:, 0])
     code = jnp.maximum(code, both[:, 1])
@@ -178,7 +166,7 @@ def global_stats(leaves, systems: Systems, p: float, zero_mode: bool) -> SystemS
       a = v / f if divided else v * f
       t = power_term(a, p)
       pieces = extract([t], [per_group(consts[:, k + 1], xr) for k in range(folds)])
-      per_row = jnp.stack(_vreduce(pieces, [0.0] * folds, ["sum"] * folds, inner_axes(xr)),
+      per_row = jnp.stack(variadic_reduce(pieces, [0.0] * folds, ["sum"] * folds, inner_axes(xr)),
                           axis=1)
       red = systems.row_reduce(per_row, i, "sum")
       sums = [acc + red[:, k] for k, acc in enumerate(sums)]

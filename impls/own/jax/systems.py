@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from clipbench.impls.own.jax.formats import FORMATS
 
@@ -171,6 +172,18 @@ def inner_axes(v) -> tuple[int, ...]:
   return tuple(range(1, v.ndim))
 
 
+def variadic_reduce(arrays, inits, ops, axes: tuple[int, ...]):
+  """Several reductions over the same axes in a single variadic XLA reduce (XLA on CPU runs
+  one multi-output reduce far faster than separate reductions of a shared fused producer)."""
+  fns = {"sum": lax.add, "max": lax.max, "min": lax.min}
+
+  def body(a, b):
+    return tuple(fns[op](u, w) for op, u, w in zip(ops, a, b))
+
+  inits = tuple(jnp.asarray(i, a.dtype) for i, a in zip(inits, arrays))
+  return lax.reduce(tuple(arrays), inits, body, axes)
+
+
 def per_group(v, view):
   """Per-group (or per-row) values v (groups,) shaped to broadcast against ``view``."""
   return v.reshape(v.shape + (1,) * (view.ndim - 1))
@@ -183,15 +196,42 @@ def _group_rows(x) -> int:
   return min(GROUP_ROWS, n_rows & -n_rows)
 
 
+def may_lie_split(may_be_sharded: bool) -> bool:
+  """Whether a call's leaves may lie split over devices: a call that may be sharded
+  (``Config.may_be_sharded``), with more than one device to split them over."""
+  return may_be_sharded and jax.device_count() > 1
+
+
 def grouped(leaves, fmts, systems: Systems):
-  """With one system (segments=None), the leaves as a few (rows, width) blocks
-  (:func:`dtype_blocks`) and their formats; with segments, the leaves as they are. A
-  decode/extract chain per block, not per leaf, keeps the XLA graph (and its compile time)
-  small for models with hundreds of leaves."""
+  """The views a pass that decodes every element reduces, with their formats: with segments,
+  each leaf's :func:`rows`; with one system, a few (rows, width) blocks
+  (:func:`dtype_blocks`), whose single decode/extract chain each keeps the XLA graph (and its
+  compile time) small for models with hundreds of leaves. Where the leaves may lie split
+  (:func:`may_lie_split`), a block holds only 1-D leaves whose block rows the devices divide:
+  a block lays a leaf's elements out in flat order, which XLA's partitioner builds by moving
+  a leaf split along an inner axis (tensor parallelism's columns) or into rows that do not
+  divide among the devices. Every other leaf is reduced on its :func:`block` view, a chain of
+  its own (compile time grows with those leaves: docs/sharding.md). Empty leaves have no
+  view (one system: nothing to reduce)."""
   if systems.segs is not None:
-    return leaves, fmts
-  blocks_ = dtype_blocks(leaves)
+    return [rows(x) for x in leaves], fmts
+  if not may_lie_split(systems.may_be_sharded):
+    blocks_ = dtype_blocks(leaves)
+  else:
+    joined = joins_blocks_in_place(leaves)
+    apart = [block(x, systems) for x, j in zip(leaves, joined) if not j]
+    blocks_ = [v for v in apart if v is not None] + dtype_blocks(
+        [x for x, j in zip(leaves, joined) if j])
   return blocks_, [FORMATS[np.dtype(b.dtype)] for b in blocks_]
+
+
+def joins_blocks_in_place(leaves) -> list[bool]:
+  """Per leaf: whether it joins a :func:`dtype_blocks` block where it lies, however it is split
+  over devices. Only a 1-D leaf whose block rows the device count divides does: it can be
+  split by its rows only, and each device's rows are then whole rows of the block (a mesh
+  axis divides the device count)."""
+  devices = jax.device_count()
+  return [x.ndim == 1 and not _group_rows(x) % devices for x in leaves]
 
 
 def dtype_blocks(leaves, one_per_dtype: bool = False) -> list:

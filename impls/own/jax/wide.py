@@ -17,35 +17,40 @@ from clipbench.impls.own.jax.formats import (FLOAT64, KEY_BIAS, FloatFormat, dec
 from clipbench.impls.own.jax.pairwise import pairwise_dd_sum_last
 from clipbench.impls.own.jax.power_sums import extract, fold_grids, precise_terms, term_error
 from clipbench.impls.own.jax.systems import (Systems, SystemStats, element_counts, grouped,
-                                             nonfinite_flags, rows, vectors)
+                                             inner_axes, nonfinite_flags, per_group,
+                                             variadic_reduce, vectors)
 
 _FOLDS = 4
 _NO_KEY = 2**64 - 1  # the min-reduction's identity: above every key
 
 
-def _system_extreme_keys(leaves, fmts: list[FloatFormat], systems: Systems, zero_mode: bool,
+def _system_extreme_keys(views, fmts: list[FloatFormat], systems: Systems, zero_mode: bool,
                          want_min: bool):
-  """Per-system max (or min) |x| key, NaN/inf flags, element counts and the decoded leaves."""
+  """Per-system max (or min) |x| key, NaN/inf flags, element counts and the decoded views
+  (:func:`.systems.grouped`'s, reduced over every axis but the first)."""
   s = systems.num
   best = jnp.zeros(s, jnp.uint64) if not want_min else jnp.full(s, jnp.uint64(_NO_KEY))
   has_nan = jnp.zeros(s, bool)
   has_inf = jnp.zeros(s, bool)
   decoded = []
-  for i, (x, fmt) in enumerate(zip(leaves, fmts)):
-    xr = rows(x)
-    dec = decode(xr, fmt)
+  for i, (v, fmt) in enumerate(zip(views, fmts)):
+    dec = decode(v, fmt)
     decoded.append(dec)
-    n_rows, width = xr.shape
-    if n_rows == 0 or width == 0:
+    if v.size == 0:
       continue
+    # The key and a NaN (2) / inf (1) code in one variadic reduce: XLA would decode the
+    # elements again for each reduction of its own.
+    code = jnp.where(dec.nan, 2, jnp.where(dec.nonfinite, 1, 0)).astype(jnp.int32)
     if want_min:
       k_use = jnp.where(dec.nonfinite & ~jnp.asarray(zero_mode), jnp.uint64(_NO_KEY), dec.key)
-      best = jnp.minimum(best, systems.row_reduce(jnp.min(k_use, axis=1), i, "min"))
+      keys, codes = variadic_reduce([k_use, code], [_NO_KEY, 0], ["min", "max"], inner_axes(v))
+      best = jnp.minimum(best, systems.row_reduce(keys, i, "min"))
     else:
-      best = jnp.maximum(best, systems.row_reduce(jnp.max(dec.key, axis=1), i, "max"))
-    hn, hi = nonfinite_flags(dec.nan, dec.nonfinite, systems, i, 1)
-    has_nan, has_inf = has_nan | hn, has_inf | hi
-  count = element_counts(leaves, systems)  # without segments: the unpadded count (.buckets)
+      keys, codes = variadic_reduce([dec.key, code], [0, 0], ["max", "max"], inner_axes(v))
+      best = jnp.maximum(best, systems.row_reduce(keys, i, "max"))
+    fl = jnp.maximum(systems.row_reduce(codes, i, "max"), 0)
+    has_nan, has_inf = has_nan | (fl >= 2), has_inf | (fl == 1)
+  count = element_counts(views, systems)  # without segments: the unpadded count (.buckets)
   if want_min:
     best = jnp.where(count == 0, jnp.uint64(0), best)
     best = jnp.where(best == jnp.uint64(_NO_KEY), jnp.uint64(0), best)
@@ -55,16 +60,16 @@ def _system_extreme_keys(leaves, fmts: list[FloatFormat], systems: Systems, zero
 def global_stats(leaves, fmts: list[FloatFormat], systems: Systems, p: float,
                  zero_mode: bool) -> SystemStats:
   """finalize inputs for the p-norm of every system (exact sums)."""
-  leaves, fmts = grouped(leaves, fmts, systems)
+  views, fmts = grouped(leaves, fmts, systems)
   s = systems.num
   if math.isinf(p):
-    best, has_nan, has_inf, _, _ = _system_extreme_keys(leaves, fmts, systems, zero_mode, p < 0)
+    best, has_nan, has_inf, _, _ = _system_extreme_keys(views, fmts, systems, zero_mode, p < 0)
     frac, e = key_value(best)
     zero = best == 0
     return SystemStats(s_hi=jnp.ones(s), s_lo=jnp.zeros(s),
                        sc_m=jnp.where(zero, 0.5, frac * 0.5), sc_e=jnp.where(zero, 1, e + 1),
                        rel_err=jnp.zeros(s), zero=zero, nan=has_nan, inf=has_inf)
-  best, has_nan, has_inf, count, decoded = _system_extreme_keys(leaves, fmts, systems,
+  best, has_nan, has_inf, count, decoded = _system_extreme_keys(views, fmts, systems,
                                                                 zero_mode, False)
   mx_frac, k_sys = key_value(best)
   zero = best == 0
@@ -72,16 +77,18 @@ def global_stats(leaves, fmts: list[FloatFormat], systems: Systems, p: float,
   sums = [jnp.zeros(s) for _ in range(_FOLDS)]
   divided = False
   for i, dec in enumerate(decoded):
-    n_rows, width = dec.frac.shape
-    if n_rows == 0 or width == 0:
+    if dec.frac.size == 0:
       continue
-    k_row = systems.per_row(k_sys, i, n_rows)[:, None]
-    mx_row = systems.per_row(jnp.where(zero, 1.0, mx_frac), i, n_rows)[:, None]
+    n_rows = dec.frac.shape[0]
+    k_row = per_group(systems.per_row(k_sys, i, n_rows), dec.frac)
+    mx_row = per_group(systems.per_row(jnp.where(zero, 1.0, mx_frac), i, n_rows), dec.frac)
     terms, divided = precise_terms(dec.frac, dec.e, k_row, mx_row, p)
     terms = [jnp.where(dec.zero | dec.nonfinite, 0.0, t) for t in terms]
-    sig_rows = [systems.per_row(sg, i, n_rows)[:, None] for sg in sigmas]
+    sig_rows = [per_group(systems.per_row(sg, i, n_rows), dec.frac) for sg in sigmas]
     pieces = extract(terms, sig_rows)
-    per_row = jnp.stack([jnp.sum(q, axis=1) for q in pieces], axis=1)  # exact sums
+    axes = inner_axes(dec.frac)
+    per_row = jnp.stack(variadic_reduce(pieces, [0.0] * len(pieces), ["sum"] * len(pieces),
+                                        axes), axis=1)  # exact sums
     red = systems.row_reduce(per_row, i, "sum")
     sums = [acc + red[:, k] for k, acc in enumerate(sums)]
   s_hi, s_lo = double_double.two_sum(jnp, sums[0], sums[1])
