@@ -31,8 +31,7 @@ from clipbench.impls.own import decision, exact
 from clipbench.impls.own.jax import step_ties
 from clipbench.impls.own.jax.config import Config, Threshold
 from clipbench.impls.own.jax.formats import FLOAT64, as_words, bits_of, decode, format_of, u64
-from clipbench.impls.own.jax.systems import (SEGMENT_ROWS, dtype_blocks, joins_blocks_in_place,
-                                             may_lie_split)
+from clipbench.impls.own.jax.systems import SEGMENT_ROWS, apart_and_joined, dtype_blocks
 
 
 def host_ties(cfg: Config, tie, c_bits, segs, *leaf_bits) -> np.ndarray:
@@ -136,10 +135,8 @@ def exact_limb_sums(cfg: Config, leaves, segs, system):
     # leaves are sharded, not one per leaf. Narrower leaves stay apart, as their pass reads
     # them: as one block they cost more memory (docs/sharding.md). Where the leaves may lie
     # split, a leaf XLA's partitioner would move to build a block stays apart too.
-    joined = (joins_blocks_in_place(leaves) if may_lie_split(cfg.may_be_sharded)
-              else [True] * len(leaves))
-    leaves = [x for x, j in zip(leaves, joined) if not j] + dtype_blocks(
-        [x for x, j in zip(leaves, joined) if j], one_per_dtype=True)
+    apart, joined = apart_and_joined(leaves, cfg.may_be_sharded)
+    leaves = apart + dtype_blocks(joined, one_per_dtype=True)
   for i, x in enumerate(leaves):
     if not math.prod(x.shape):
       continue

@@ -215,23 +215,23 @@ def grouped(leaves, fmts, systems: Systems):
   view (one system: nothing to reduce)."""
   if systems.segs is not None:
     return [rows(x) for x in leaves], fmts
-  if not may_lie_split(systems.may_be_sharded):
-    blocks_ = dtype_blocks(leaves)
-  else:
-    joined = joins_blocks_in_place(leaves)
-    apart = [block(x, systems) for x, j in zip(leaves, joined) if not j]
-    blocks_ = [v for v in apart if v is not None] + dtype_blocks(
-        [x for x, j in zip(leaves, joined) if j])
-  return blocks_, [FORMATS[np.dtype(b.dtype)] for b in blocks_]
+  apart, joined = apart_and_joined(leaves, systems.may_be_sharded)
+  views = [v for v in (block(x, systems) for x in apart) if v is not None]
+  views += dtype_blocks(joined)
+  return views, [FORMATS[np.dtype(v.dtype)] for v in views]
 
 
-def joins_blocks_in_place(leaves) -> list[bool]:
-  """Per leaf: whether it joins a :func:`dtype_blocks` block where it lies, however it is split
-  over devices. Only a 1-D leaf whose block rows the device count divides does: it can be
-  split by its rows only, and each device's rows are then whole rows of the block (a mesh
-  axis divides the device count)."""
+def apart_and_joined(leaves, may_be_sharded: bool) -> tuple[list, list]:
+  """One system's leaves as (those read apart, those that join :func:`dtype_blocks`' blocks).
+  Every leaf joins where none may lie split (:func:`may_lie_split`); else only 1-D leaves
+  whose block rows the device count divides, the leaves that join a block where they lie:
+  such a leaf can be split by its rows only, and each device's rows are then whole rows of
+  the block (a mesh axis divides the device count)."""
+  if not may_lie_split(may_be_sharded):
+    return [], list(leaves)
   devices = jax.device_count()
-  return [x.ndim == 1 and not _group_rows(x) % devices for x in leaves]
+  joins = [x.ndim == 1 and not _group_rows(x) % devices for x in leaves]
+  return ([x for x, j in zip(leaves, joins) if not j], [x for x, j in zip(leaves, joins) if j])
 
 
 def dtype_blocks(leaves, one_per_dtype: bool = False) -> list:
