@@ -4,13 +4,18 @@
                                                [--dtype float64] [--workload W3-relax-large]
                                                [--impl clipbench.torch.cuda-route]
                                                [--placement columns [--width 1024]]
+                                               [--norm-type 2.5]
 
 For W1 (``clip_grad_norm``, 200 leaves) and W3 (per-system ``clip_by_global_norm``, positions
 and cells with their segments), each rank holds ``Shard(0)`` of every leaf (and of the segment
 ids). With ``--placement columns`` (tensor parallelism) each rank holds ``Shard(1)`` instead:
 W1's 1-D leaves as one row of all their elements, W3's positions and cells by their second
 axis (3 columns), and the ids whole on every rank; ``--width W`` makes W1's leaves weight
-matrices of rows of W elements instead, split by their columns. Implementations: ours (``clipbench.torch``: block results exchanged,
+matrices of rows of W elements instead, split by their columns. ``--norm-type`` sets the
+p-norm of every call (2 by default; a float64 non-integer p takes the exact path for every
+system, mpmath enclosures of every element, so keep ``--scale`` small).
+
+Implementations: ours (``clipbench.torch``: block results exchanged,
 ``impls/own/torch/sharded.py``), ours on its CUDA route (``clipbench.torch.cuda-route``: CPU
 tensors sent down the branches a GPU takes, ``branches.accelerator_branches``, so per-system
 measures are exchanged as a GPU rank's would be, over gloo instead of NCCL), ours the former
@@ -66,13 +71,14 @@ def _tensors(inputs: workloads.WorkloadInputs):
   return leaves, segments
 
 
-def _own_call(inputs, leaves, segments, cuda_route: bool = False):
+def _own_call(inputs, leaves, segments, norm_type: float, cuda_route: bool = False):
   from clipbench.impls.own.torch import branches, eager  # pylint: disable=import-outside-toplevel
   if inputs.segments is None:
-    call = lambda: eager.clip_grad_norm(leaves, inputs.threshold)
+    call = lambda: eager.clip_grad_norm(leaves, inputs.threshold, norm_type=norm_type)
   else:
     call = lambda: eager.clip_by_global_norm(leaves, inputs.threshold, segments=segments,
-                                             num_systems=inputs.num_systems)
+                                             num_systems=inputs.num_systems,
+                                             norm_type=norm_type)
   if not cuda_route:
     return call
 
@@ -82,36 +88,38 @@ def _own_call(inputs, leaves, segments, cuda_route: bool = False):
   return on_cuda_route
 
 
-def _library_call(inputs, grads, foreach: bool):
+def _library_call(inputs, grads, norm_type: float, foreach: bool):
   params = []
   for g in grads:
     p = torch.nn.Parameter(torch.empty_like(g))
     p.grad = g  # clipped in place on every repeat: the work is the same each time
     params.append(p)
-  return lambda: torch.nn.utils.clip_grad_norm_(params, inputs.threshold, foreach=foreach)
+  return lambda: torch.nn.utils.clip_grad_norm_(params, inputs.threshold, norm_type=norm_type,
+                                                foreach=foreach)
 
 
-def _gathering_call(inputs, leaves, segments):
+def _gathering_call(inputs, leaves, segments, norm_type: float):
   """Ours the former way: every DTensor made whole, the unsharded call on every rank."""
   # pylint: disable=import-outside-toplevel,protected-access
   from clipbench.impls.own.torch import api, eager, sharded
   if inputs.segments is None:
-    call = api._Call("clip_grad_norm", inputs.threshold, "max_norm", None, None, 2.0,
+    call = api._Call("clip_grad_norm", inputs.threshold, "max_norm", None, None, norm_type,
                      "propagate")
   else:
     call = api._Call("clip_by_global_norm", inputs.threshold, "max_norm", segments,
-                     inputs.num_systems, 2.0, "propagate")
+                     inputs.num_systems, norm_type, "propagate")
   return lambda: sharded._clip_gathering(eager, leaves, call)
 
 
-def _calls(inputs, leaves, segments, distributed: bool = False) -> dict:
-  calls = {"clipbench.torch": _own_call(inputs, leaves, segments),
-           "clipbench.torch.cuda-route": _own_call(inputs, leaves, segments, cuda_route=True)}
+def _calls(inputs, leaves, segments, norm_type: float, distributed: bool = False) -> dict:
+  calls = {"clipbench.torch": _own_call(inputs, leaves, segments, norm_type),
+           "clipbench.torch.cuda-route": _own_call(inputs, leaves, segments, norm_type,
+                                                   cuda_route=True)}
   if distributed:
-    calls["clipbench.torch.gathering"] = _gathering_call(inputs, leaves, segments)
+    calls["clipbench.torch.gathering"] = _gathering_call(inputs, leaves, segments, norm_type)
   if inputs.segments is None:
-    calls["torch.clip_grad_norm_"] = _library_call(inputs, leaves, False)
-    calls["torch.clip_grad_norm_.foreach"] = _library_call(inputs, leaves, True)
+    calls["torch.clip_grad_norm_"] = _library_call(inputs, leaves, norm_type, False)
+    calls["torch.clip_grad_norm_.foreach"] = _library_call(inputs, leaves, norm_type, True)
   return calls
 
 
@@ -234,7 +242,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -> No
       leaves = [place(x, Shard(0)) for x in leaves]
       segments = None if segments is None else [place(s, Shard(0)) for s in segments]
     shard_bytes = sum(x.to_local().numel() * x.element_size() for x in leaves)
-    for impl, fn in _calls(inputs, leaves, segments, distributed=True).items():
+    for impl, fn in _calls(inputs, leaves, segments, args.norm_type,
+                           distributed=True).items():
       if args.impl and impl not in args.impl and impl != "torch.clip_grad_norm_":
         continue  # torch's call stays: the ratios are to it
       seconds = _times(fn, repeats, dist.barrier)
@@ -271,8 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="with --placement columns: W1's 1-D leaves as rows of this many "
                            "elements (each leaf's last elements short of a row dropped), "
                            "weight matrices split by their columns; default: one row a leaf")
+  parser.add_argument("--norm-type", type=float, default=2.0,
+                      help="the p of every call: at least 1, inf or -inf (default 2)")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
+  if not (args.norm_type >= 1 or args.norm_type in (float("inf"), float("-inf"))):
+    parser.error(f"--norm-type: expected at least 1, inf or -inf, got {args.norm_type}")
   args.workload = args.workload or list(WORKLOADS)
   if any(w < 1 for w in args.worlds):
     parser.error(f"--worlds: expected positive integers, got {args.worlds}")
@@ -281,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{args.width} with --placement {args.placement}")
   import torch.multiprocessing as mp  # pylint: disable=import-outside-toplevel
   print(f"{os.cpu_count()} CPU cores; torch {torch.__version__}; scale {args.scale:g}; "
-        f"{args.repeats} repeats; {args.dtype}; leaves split by {args.placement}; "
+        f"{args.repeats} repeats; {args.dtype}; p = {args.norm_type:g}; "
+        f"leaves split by {args.placement}; "
         f"load average {os.getloadavg()[0]:.1f}")
   unsharded = {}
   for name in args.workload:
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     leaves, segments = _tensors(inputs)
     for impl in ("clipbench.torch", "clipbench.torch.cuda-route"):
       unsharded[name, impl] = _times(_own_call(inputs, [x.clone() for x in leaves], segments,
+                                               args.norm_type,
                                                cuda_route=impl.endswith("cuda-route")),
                                      args.repeats)
   print(f"{'workload':16} {'implementation':30} {'ranks':>5} {'seconds':>17} {'ratio':>17} "

@@ -196,6 +196,18 @@ def _wide_intervals_bound(leaves, systems: int) -> int:
   return 8 * (2 + (5 if mixed else 4) * systems)
 
 
+def _enclosures_bound(leaves, systems: int) -> int:
+  """The exact path of a float64 non-integer p with no near-tie: the intervals way's words,
+  and per system one pickled enclosure of its power sum of at most :data:`_ENCLOSURE_BYTES`."""
+  return _intervals_bound(leaves, systems) + _PICKLE_HEADER + _ENCLOSURE_BYTES * systems
+
+
+# A pickled enclosure at 96 bits is two endpoints, each a mantissa of up to 96 bits (15 bytes
+# pickled) and an exponent (up to 5), in three tuples (about 41 bytes in all): with room.
+_ENCLOSURE_BYTES = 56
+_PICKLE_HEADER = 16
+
+
 def _check_call(name: str, fn, sharded_args, plain_args, kwargs, plain_kwargs,
                 found: list[str], bound_of=_blocks_bound, gathers: bool = False) -> int:
   """Checks one call against the unsharded one (that it took the gathering way where
@@ -334,10 +346,16 @@ def _intervals_failures(mesh) -> list[str]:
                 (only_wide_leaves, threshold), (only_wide, threshold),
                 dict(segments=placed_ids[1::2], num_systems=K),
                 dict(segments=ids[1::2], num_systems=K), found, _wide_intervals_bound)
-    before = sharded.TRAFFIC.snapshot()
-    eager.clip_grad_norm(wide_leaves, 3.0, norm_type=2.5)
-    if sharded.TRAFFIC.gathered_calls != before.gathered_calls + 1:
-      found.append("CUDA route: float64 p=2.5: expected the gathering way")
+    # A non-integer p: the exact path for every system, from every rank's enclosures of its
+    # own power sums, added (no magnitude travels).
+    for p in (2.5, 1.5):
+      _check_call(f"CUDA route: float64 clip_grad_norm p={p}", eager.clip_grad_norm,
+                  (wide_leaves, 3.0), (wide, 3.0), dict(norm_type=p), dict(norm_type=p), found,
+                  _enclosures_bound)
+    _check_call("CUDA route: float64 clip_by_global_norm p=2.5", eager.clip_by_global_norm,
+                (wide_leaves, threshold), (wide, threshold),
+                dict(segments=placed_ids[1:], num_systems=K, norm_type=2.5),
+                dict(segments=ids[1:], num_systems=K, norm_type=2.5), found, _enclosures_bound)
     # Ties: norm == max_norm exactly (p = 1, 2, 3: 3 + 4 = 7, 3**2 + 4**2 = 5**2,
     # 3**3 + 4**3 + 5**3 = 6**3), within an ulp of float64 (p = 2.5), and a step norm equal to
     # max_step, on rows split over the ranks. No interval decides them; every rank's exact
@@ -356,7 +374,18 @@ def _intervals_failures(mesh) -> list[str]:
                          ([plain], c), dict(norm_type=p), dict(norm_type=p), found, None)
       if sent <= _intervals_bound([placed], 1):
         found.append(f"CUDA route: a tie, p={p}: sent {sent} bytes, no exact partials")
-    # The same ties in float64 (the double-double sums of the pieces, then exact partials).
+    # The same ties in float64 (the double-double sums of the pieces, then exact partials),
+    # and an exact tie of a non-integer p (9**1.5 + 16**1.5 + 25**1.5 = 36**1.5, on rows of
+    # three ranks), which no enclosure decides: every precision up to the last is exchanged,
+    # in step on every rank.
+    squares = (tie3 ** 2).double()
+    sent = _check_call("CUDA route: a float64 exact tie, p=1.5", eager.clip_grad_norm,
+                       ([distribute_tensor(squares, mesh, [Shard(0)], src_data_rank=None)],
+                        36.0), ([squares], 36.0), dict(norm_type=1.5), dict(norm_type=1.5),
+                       found, None)
+    if sent <= _enclosures_bound([tied], 1):
+      found.append(f"CUDA route: a float64 exact tie, p=1.5: sent {sent} bytes, no precision "
+                   "beyond the first")
     for p, c in ((2.0, 5.0), (1.0, 7.0)):
       sent = _check_call(f"CUDA route: a float64 tie, p={p}", eager.clip_grad_norm,
                          ([tied.double()], c), ([tie.double()], c), dict(norm_type=p),

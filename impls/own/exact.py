@@ -91,6 +91,10 @@ def _interval_compare(m: np.ndarray, e: np.ndarray, p: float, c: Fraction) -> in
   return enclosure_sign(power_sum_at, p, c)
 
 
+# The first precision of :func:`enclosure_sign`'s enclosures (doubled until they decide).
+FIRST_ENCLOSURE_BITS = 96
+
+
 def enclosure_sign(power_sum_at: Callable[[int], Any], p: float, c: Fraction) -> int:
   """Sign of S - c**p from mpmath interval enclosures of a power sum S at rising precisions.
 
@@ -99,7 +103,7 @@ def enclosure_sign(power_sum_at: Callable[[int], Any], p: float, c: Fraction) ->
   """
   import mpmath  # pylint: disable=import-outside-toplevel
   ctx = mpmath.iv
-  prec = 96
+  prec = FIRST_ENCLOSURE_BITS
   while prec <= 1 << 14:
     saved = ctx.prec
     ctx.prec = prec

@@ -28,8 +28,8 @@ reduced intervals: one exchange per pass (two for a general p: the maxima set it
 exchanges go by owners: a rank sends the values of the systems it holds to the systems'
 owners, and its folded slice to every rank (``_Exchange._by_owners``).
 Near-ties are settled from every rank's exact partials of the flagged systems (exact power
-sums, step norms, or a non-integer p's magnitudes). Rows need not be DTensor's chunks unless
-whole segment ids must be cut at them.
+sums, step norms, or for a non-integer p interval enclosures of the power sums, added). Rows
+need not be DTensor's chunks unless whole segment ids must be cut at them.
 
 Which leaves take which way (decided from metadata, so every rank takes the same):
 
@@ -51,8 +51,7 @@ Which leaves take which way (decided from metadata, so every rank takes the same
 
 A whole call gathers (every DTensor leaf, segment and threshold made whole, the unsharded call
 run on every rank, each output cut back to its placements) when no exchange of partials is
-possible: on the CUDA route float64 leaves with a non-integer p (every system exact, from
-every magnitude) and ``certified=False``; leaves on more than one device type;
+possible: on the CUDA route ``certified=False``; leaves on more than one device type;
 leaves whose meshes span different ranks; on the numba route a ``Shard(0)`` leaf whose ranks'
 rows are not the contiguous chunks DTensor describes (on the CUDA route only where whole ids
 must be cut); or an argument some rank finds invalid (then every rank raises the unsharded

@@ -41,7 +41,9 @@ One rank's call:
    takes the gathering way, whose unsharded call raises the argument's error. A system the
    reduced interval leaves open (a near-tie) is decided on the host from every rank's exact
    partials of that system alone, one more all-gather (pickled: a rational power sum per
-   system for p = 1, 2, the largest exact step norm, or a general p's magnitudes);
+   system for an integer p, the largest exact step norm, or, for a non-integer p, an
+   interval enclosure of the rank's power sum at 96 bits, a higher precision exchanged only
+   for a system that one cannot decide: :func:`.oracles.shared_power_oracles`);
 4. its own rows scaled (:meth:`EagerKernels.apply`), each output a DTensor placed like its
    leaf, with no communication.
 
@@ -54,11 +56,12 @@ as one double-double, and the ranks' double-doubles are added in double-double (
 rank order); those roundings, below ``(ranks + 1) 2**-103`` of the pieces' magnitudes, join
 the bound. With the count and the maximum that is four float64 values a system (32 bytes),
 where four pieces added exactly made seven. A max-step and an integer p other than 1, 2 take
-the exact path for every system (as on one device), from every rank's exact partials.
+the exact path for every system (as on one device), from every rank's exact partials; so
+does a non-integer p, from every rank's enclosures of its power sums (about 41 bytes a system,
+pickled, beyond the passes' exchanges; no magnitude travels).
 
-Not here (the gathering way, decided from metadata): float64 leaves with a non-integer p (the
-exact path for every system, which needs all their magnitudes: as many bytes as the leaves),
-calls of no system, and ``certified=False``.
+Not here (the gathering way, decided from metadata): calls of no system, and
+``certified=False``.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.host_read import HostRead
 from clipbench.impls.own.torch.layout import Batch, make_batch, sanitize
 from clipbench.impls.own.torch.measure import Measured, measure
-from clipbench.impls.own.torch.oracles import PowerOracle, SumOracle, exact_oracles
+from clipbench.impls.own.torch.oracles import SumOracle, exact_oracles, shared_power_oracles
 from clipbench.impls.own.torch.sharded_partials import (TRAFFIC, AbandonedCall, _as_output,
                                                         _chunks, _local_segments, _MeshOrder,
                                                         _system_count, full_tensor, geometry,
@@ -109,9 +112,6 @@ def applies(leaves: list[Any], call: Any, certified: bool) -> bool:
     return False
   if call.segments is not None and call.num_systems == 0:
     return False
-  if any(x.dtype == torch.float64 for x in leaves) and kind == "sum" and not float(
-      check_norm_type(call.norm_type)).is_integer():
-    return False  # every system exact, from its magnitudes: as much as the leaves themselves
   return len({x.device.type for x in leaves}) == 1
 
 
@@ -407,24 +407,24 @@ class _Agreement:
   def oracles(self, batch: Batch, kind: str, p: float, systems: list[int]) -> dict[int, Any]:
     """Exact oracles of ``systems`` (the same list on every rank: it comes from reduced
     values) from every rank's exact partials of its own rows: exact power sums added (p = 1,
-    2), the largest exact step norm, or a general p's magnitudes (its oracle needs them)."""
+    2, any integer p), the largest exact step norm, or, for a non-integer p, enclosures of
+    the power sums added (:func:`.oracles.shared_power_oracles`)."""
     if not systems:
       return {}
     mine = exact_oracles(batch, kind, p, systems)
+    if kind == "sum" and not float(p).is_integer():
+      shared = shared_power_oracles([mine[k] for k in systems], p,
+                                    self.kernels.exchange.gather_objects)
+      return dict(zip(systems, shared))
     if kind == "step" or p in (1.0, 2.0):
       partial = [mine[k].power_sum for k in systems]
-    elif float(p).is_integer():
+    else:
       partial = [power_sum(*magnitudes_of(np.asarray(mine[k].mags, np.float64)), int(p))
                  for k in systems]
-    else:
-      partial = [np.asarray(mine[k].mags, np.float64) for k in systems]
     every = self.kernels.exchange.gather_objects(partial)
     if kind == "step":
       return {k: SumOracle(max(e[i] for e in every), 2) for i, k in enumerate(systems)}
-    if float(p).is_integer():
-      return {k: SumOracle(sum((e[i] for e in every), Fraction(0)), int(p))
-              for i, k in enumerate(systems)}
-    return {k: PowerOracle(np.concatenate([e[i] for e in every]), p)
+    return {k: SumOracle(sum((e[i] for e in every), Fraction(0)), int(p))
             for i, k in enumerate(systems)}
 
 
