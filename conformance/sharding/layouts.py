@@ -125,6 +125,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("p1", norm_type=1.0, norm_ops_only=True),
     Variant("p3", norm_type=3.0, norm_ops_only=True),
     Variant("pinf", norm_type=math.inf, norm_ops_only=True),
+    # A non-integer p: no exact power sum, so exact decisions need enclosures.
+    Variant("p2.5", norm_type=2.5, norm_ops_only=True),
     Variant("p2-bfloat16", dtype="bfloat16"),
     Variant("nonfinite-propagate", poisoned=True),
     Variant("nonfinite-zero", nonfinite="zero", poisoned=True),
