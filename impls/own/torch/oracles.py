@@ -166,9 +166,7 @@ def _endpoints(interval) -> tuple[tuple[int, int], tuple[int, int]]:
 
 def _midpoint(interval) -> Fraction:
   """The exact midpoint of an mpmath interval."""
-  from mpmath import libmp  # pylint: disable=import-outside-toplevel
-  lo, hi = (Fraction(int(m)) * Fraction(2) ** int(e)
-            for m, e in map(libmp.to_man_exp, interval._mpi_))
+  lo, hi = (Fraction(m) * Fraction(2) ** e for m, e in _endpoints(interval))
   return (lo + hi) / 2
 
 
