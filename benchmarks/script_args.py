@@ -2,7 +2,8 @@
 
 ``python -m clipbench.benchmarks.in_step``, ``.sharded`` and ``.sharded_torch`` time a few
 implementations outside ``clipbench bench``; each takes ``--scale`` (a fraction of the
-workloads' stated sizes) and ``--repeats`` (timed calls per point), checked the same way.
+workloads' stated sizes) and ``--repeats`` (timed calls per point), checked the same way; the
+sharded ones also ``--norm-type``.
 """
 
 from __future__ import annotations
@@ -24,3 +25,15 @@ def check_scale_and_repeats(parser: argparse.ArgumentParser, args: argparse.Name
     parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
   if args.repeats < 1:
     parser.error(f"--repeats: expected at least 1, got {args.repeats}")
+
+
+def add_norm_type(parser: argparse.ArgumentParser, default: float | None, default_help: str):
+  parser.add_argument("--norm-type", type=float, default=default,
+                      help=f"the p of every call: at least 1, inf or -inf ({default_help})")
+
+
+def check_norm_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """Exits through ``parser.error`` unless ``--norm-type`` is unset, at least 1, or +-inf."""
+  p = args.norm_type
+  if p is not None and not (p >= 1 or p in (float("inf"), float("-inf"))):
+    parser.error(f"--norm-type: expected at least 1, inf or -inf, got {p}")

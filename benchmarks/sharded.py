@@ -3,6 +3,7 @@
   python -m clipbench.benchmarks.sharded                      # W1 and W3, 2 and 4 devices
   python -m clipbench.benchmarks.sharded --scale 0.05 --repeats 5 --impl optax.clip_by_global_norm
   python -m clipbench.benchmarks.sharded --placement columns [--width 1024] --workload W1-model
+  python -m clipbench.benchmarks.sharded --norm-type 2.5 --impl clipbench.jax
 
 Each workload is drawn once; each implementation is jitted once and timed on the leaves on
 one device and on a one-axis mesh of 2 and 4 CPU devices (``XLA_FLAGS`` forces 4 host
@@ -60,7 +61,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from clipbench.benchmarks import workloads  # noqa: E402
 from clipbench.benchmarks.script_args import (  # noqa: E402
-    add_scale_and_repeats, check_scale_and_repeats)
+    add_norm_type, add_scale_and_repeats, check_norm_type, check_scale_and_repeats)
 from clipbench.impls import calling, registry  # noqa: E402
 from clipbench import hlo_collectives as collectives  # noqa: E402
 
@@ -143,13 +144,18 @@ def _median_seconds(fn, args, repeats: int) -> float:
 
 
 def measure(impl: registry.Implementation, workload: workloads.Workload, scale: float,
-            repeats: int, placement: str = "rows", width: int = 0) -> list[str]:
-  """Lines of ``impl`` on ``workload``: the unsharded median, then each mesh's and the ratio."""
+            repeats: int, placement: str = "rows", width: int = 0,
+            norm_type: float | None = None) -> list[str]:
+  """Lines of ``impl`` on ``workload``: the unsharded median, then each mesh's and the ratio
+  (at ``norm_type``, or the workload's own p)."""
   op = workload.op
   if op not in impl.ops:
     return [f"{impl.name:28} {workload.name:16} not applicable: no {op}"]
   drawn = workload.build(scale, "float32")
-  kw = {"norm_type": drawn.norm_type}
+  p = drawn.norm_type if norm_type is None else norm_type
+  if not impl.capabilities.supports_norm_type(p):
+    return [f"{impl.name:28} {workload.name:16} not applicable: no p = {p:g}"]
+  kw = {"norm_type": p}
   if op != "clip_grad_norm":
     kw.update(segments=list(drawn.segments) if drawn.segments is not None else None,
               num_systems=drawn.num_systems)
@@ -206,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--width", type=int, default=0,
                       help="with --placement columns: 1-D leaves as rows of this many "
                            "elements (default: one row)")
+  add_norm_type(parser, None, "default: each workload's own")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
+  check_norm_type(parser, args)
   if args.width < 0 or (args.width and args.placement != "columns"):
     parser.error(f"--width: expected a positive width with --placement columns, got "
                  f"{args.width} with --placement {args.placement}")
@@ -222,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     for workload in args.workload or WORKLOADS:
       try:
         lines = measure(impl, workloads.get(workload), args.scale, args.repeats,
-                        args.placement, args.width)
+                        args.placement, args.width, args.norm_type)
       except Exception as e:  # pylint: disable=broad-except
         lines = [f"{name:28} {workload:16} error: {type(e).__name__}: "
                  f"{str(e).splitlines()[0][:200] if str(e) else ''}"]

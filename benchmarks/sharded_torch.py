@@ -58,7 +58,8 @@ import numpy as np
 import torch
 
 from clipbench.benchmarks import workloads
-from clipbench.benchmarks.script_args import add_scale_and_repeats, check_scale_and_repeats
+from clipbench.benchmarks.script_args import (add_norm_type, add_scale_and_repeats,
+                                               check_norm_type, check_scale_and_repeats)
 
 WORKLOADS = ("W1-model", "W3-relax-large")
 IMPLS = ("clipbench.torch", "clipbench.torch.cuda-route", "clipbench.torch.gathering",
@@ -280,12 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="with --placement columns: W1's 1-D leaves as rows of this many "
                            "elements (each leaf's last elements short of a row dropped), "
                            "weight matrices split by their columns; default: one row a leaf")
-  parser.add_argument("--norm-type", type=float, default=2.0,
-                      help="the p of every call: at least 1, inf or -inf (default 2)")
+  add_norm_type(parser, 2.0, "default 2")
   args = parser.parse_args(argv)
   check_scale_and_repeats(parser, args)
-  if not (args.norm_type >= 1 or args.norm_type in (float("inf"), float("-inf"))):
-    parser.error(f"--norm-type: expected at least 1, inf or -inf, got {args.norm_type}")
+  check_norm_type(parser, args)
   args.workload = args.workload or list(WORKLOADS)
   if any(w < 1 for w in args.worlds):
     parser.error(f"--worlds: expected positive integers, got {args.worlds}")

@@ -1,4 +1,5 @@
-"""The standalone benchmark scripts' shared ``--scale`` and ``--repeats`` checks."""
+"""The standalone benchmark scripts' shared ``--scale``, ``--repeats`` and ``--norm-type``
+checks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 
 import pytest
 
-from clipbench.benchmarks.script_args import add_scale_and_repeats, check_scale_and_repeats
+from clipbench.benchmarks.script_args import (add_norm_type, add_scale_and_repeats,
+                                               check_norm_type, check_scale_and_repeats)
 
 
 def _parse(argv):
@@ -34,3 +36,28 @@ def test_bad_values_exit_naming_the_argument(capsys, argv, message):
     _parse(argv)
   assert exited.value.code == 2
   assert message in capsys.readouterr().err
+
+
+def _parse_norm_type(argv, default):
+  parser = argparse.ArgumentParser(prog="script")
+  add_norm_type(parser, default, "default: the workload's")
+  args = parser.parse_args(argv)
+  check_norm_type(parser, args)
+  return args.norm_type
+
+
+@pytest.mark.parametrize("argv,default,want", [
+    ([], None, None), ([], 2.0, 2.0), (["--norm-type", "2.5"], None, 2.5),
+    (["--norm-type", "1"], 2.0, 1.0), (["--norm-type=-inf"], None, float("-inf")),
+    (["--norm-type", "inf"], None, float("inf"))])
+def test_norms_pass(argv, default, want):
+  assert _parse_norm_type(argv, default) == want
+
+
+@pytest.mark.parametrize("value", ["0.5", "-2", "nan"])
+def test_what_is_not_a_norm_exits_naming_the_argument(capsys, value):
+  with pytest.raises(SystemExit) as exited:
+    _parse_norm_type(["--norm-type", value], 2.0)
+  assert exited.value.code == 2
+  assert f"--norm-type: expected at least 1, inf or -inf, got {float(value)}" in (
+      capsys.readouterr().err)

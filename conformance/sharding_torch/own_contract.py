@@ -61,6 +61,7 @@ def failures() -> list[str]:
                                                          num_systems=2), ValueError,
                        "segments[0]"))
   found += _partials_failures(mesh)
+  found += _enclosure_ties_failures(mesh)
   found += _unchunked_failures(mesh)
   found += _intervals_failures(mesh)
   found += _pieces_failures(mesh)
@@ -293,6 +294,49 @@ def _unchunked_failures(mesh) -> list[str]:
       if not _same(o.full_tensor(), w):
         found.append(f"rows not chunks, p={p}: leaves[{i}] differs from the unsharded output")
   return [f"rank {me}: {f}" for f in found]
+
+
+def _enclosure_ties_failures(mesh) -> list[str]:
+  """The numba route's near-ties of a non-integer p, on rows split over the ranks: decided
+  from every rank's interval enclosure of its own power sum (one, pickled, for a near-tie the
+  first precision decides; no magnitude travels), and an exact tie from every precision up to
+  the last, exchanged in step on every rank."""
+  if dist.get_world_size() < 2:
+    return []
+  ranks = dist.get_world_size()
+  found: list[str] = []
+
+  def tie_bytes(name, whole, c, p):
+    """Bytes this rank sent for the tie: the call at ``c`` less the same call far from it."""
+    placed = [distribute_tensor(x, mesh, [Shard(0)], src_data_rank=None) for x in whole]
+    args = dict(norm_type=p)
+    away = _check_call(f"numba route: {name}, threshold away", eager.clip_grad_norm,
+                       (placed, 2 * c), (whole, 2 * c), args, args, found, None)
+    return _check_call(f"numba route: {name}", eager.clip_grad_norm, (placed, c), (whole, c),
+                       args, args, found, None) - away
+
+  one_enclosure = _PICKLE_HEADER + _ENCLOSURE_BYTES
+  # 8,001 float32 fours: the 1.5-norm 4 * 8001**(2/3) is irrational, and the float64 nearest
+  # it a near-tie that the first enclosure decides (the magnitudes would be some 40 KB a rank).
+  fours = torch.full((8001,), 4.0)
+  tie = torch.zeros(2 * ranks, 2)
+  tie[0, 0], tie[-1, 1] = 3.0, 4.0
+  near_ties = (("a near-tie of 8,001 elements, p=1.5", [fours], 4.0 * 8001 ** (2 / 3), 1.5),
+               ("a near-tie, p=2.5", [tie], (3.0 ** 2.5 + 4.0 ** 2.5) ** 0.4, 2.5))
+  for name, whole, c, p in near_ties:
+    sent = tie_bytes(name, whole, c, p)
+    if not 0 < sent <= one_enclosure:
+      found.append(f"numba route: {name}: sent {sent} bytes for the tie, expected one "
+                   f"enclosure (1 to {one_enclosure})")
+  # An exact tie (9**1.5 + 16**1.5 + 25**1.5 = 36**1.5, on rows of three ranks): no enclosure
+  # decides it, so every precision is exchanged.
+  squares = tie.double() ** 2
+  squares[ranks, 0] = 25.0
+  sent = tie_bytes("an exact tie, p=1.5", [squares], 36.0, 1.5)
+  if sent <= one_enclosure:
+    found.append(f"numba route: an exact tie, p=1.5: sent {sent} bytes for the tie, no "
+                 "precision beyond the first")
+  return [f"rank {dist.get_rank()}: {f}" for f in found]
 
 
 def _intervals_failures(mesh) -> list[str]:

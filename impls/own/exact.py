@@ -73,38 +73,53 @@ def exact_compare(m: np.ndarray, e: np.ndarray, p: float, c: Fraction) -> int:
 
 
 def _interval_compare(m: np.ndarray, e: np.ndarray, p: float, c: Fraction) -> int:
-  import mpmath  # pylint: disable=import-outside-toplevel
-  pairs = [(mm, ee) for mm, ee in zip(m.tolist(), e.tolist()) if mm]
-  if not pairs:
+  terms = PowerSumTerms(m, e, p)
+  if not terms.pairs:
     return -1 if c > 0 else 0
   if c == 0:
     return 1
-
-  def power_sum_at(prec: int):
-    ctx = mpmath.iv
-    pp = ctx.mpf(p)
-    total = ctx.mpf(0)
-    for mm, ee in pairs:
-      total += ctx.ldexp(ctx.mpf(mm), ee) ** pp
-    return total
-
-  return enclosure_sign(power_sum_at, p, c)
+  return enclosure_sign(terms.enclosure, p, c)
 
 
-# The first precision of :func:`enclosure_sign`'s enclosures (doubled until they decide).
-FIRST_ENCLOSURE_BITS = 96
+class PowerSumTerms:
+  """The sum of (m * 2**e)**p over nonzero magnitudes, enclosed by mpmath intervals (a
+  non-integer p), computed once per precision."""
+
+  def __init__(self, m: np.ndarray, e: np.ndarray, p: float):
+    self.pairs = [(mm, ee) for mm, ee in zip(np.asarray(m).ravel().tolist(),
+                                             np.asarray(e).ravel().tolist()) if mm]
+    self.p = p
+    self._cache: dict[int, Any] = {}
+
+  def enclosure(self, prec: int):
+    """The sum as an ``mpmath.iv`` interval at ``prec`` bits (the context is set to it)."""
+    if prec not in self._cache:
+      import mpmath  # pylint: disable=import-outside-toplevel
+      ctx = mpmath.iv
+      pp = ctx.mpf(self.p)
+      total = ctx.mpf(0)
+      for mm, ee in self.pairs:
+        total += ctx.ldexp(ctx.mpf(mm), ee) ** pp
+      self._cache[prec] = total
+    return self._cache[prec]
+
+
+# The precisions of :func:`enclosure_sign`'s enclosures, in bits: doubled until they decide,
+# from 96 (twice float64's, with room for the rounding of a long sum) to 12,288.
+ENCLOSURE_PRECISIONS = tuple(96 << k for k in range(8))
+FIRST_ENCLOSURE_BITS = ENCLOSURE_PRECISIONS[0]
 
 
 def enclosure_sign(power_sum_at: Callable[[int], Any], p: float, c: Fraction) -> int:
   """Sign of S - c**p from mpmath interval enclosures of a power sum S at rising precisions.
 
   ``power_sum_at(prec)`` returns S as an ``mpmath.iv`` interval, evaluated while the interval
-  context works at ``prec`` bits (96 up to 16k); 0 when even 16k bits cannot tell (a tie).
+  context works at ``prec`` bits (:data:`ENCLOSURE_PRECISIONS`); 0 when even the last cannot
+  tell (a tie).
   """
   import mpmath  # pylint: disable=import-outside-toplevel
   ctx = mpmath.iv
-  prec = FIRST_ENCLOSURE_BITS
-  while prec <= 1 << 14:
+  for prec in ENCLOSURE_PRECISIONS:
     saved = ctx.prec
     ctx.prec = prec
     try:
@@ -115,8 +130,7 @@ def enclosure_sign(power_sum_at: Callable[[int], Any], p: float, c: Fraction) ->
       return -1
     if diff.a > 0:
       return 1
-    prec *= 2
-  return 0  # indistinguishable at 16k bits: an exact tie
+  return 0  # indistinguishable at the last precision: an exact tie
 
 
 def exact_step_compare(m: np.ndarray, e: np.ndarray, c: Fraction) -> int:

@@ -148,8 +148,17 @@ def cases():
   yield "tie-p2-kept", lambda: _global(halves, 4.0, {})
   yield "tie-p2-clipped", lambda: _global(halves, float(np.nextafter(4.0, 0.0)), {})
   yield "tie-step-kept", lambda: _global(halves[:1], 1.0, {}, op="clip_by_max_step")
+  # A non-integer p: near-ties from every device's enclosure of its power sum. The 2.5-norm of
+  # 64 halves is 2**1.4, irrational: the float64 nearest it is a near-tie that the first
+  # precision decides. 9**1.5 + 16**1.5 + 25**1.5 = 36**1.5 exactly, on three devices' rows:
+  # every precision is exchanged, one round each.
+  yield "near-tie-p2.5", lambda: _global(halves, 2.0 ** 1.4, {"norm_type": 2.5})
+  exact_tie = np.zeros((8, 1), np.float32)
+  exact_tie[[0, 3, 6], 0] = 9.0, 16.0, 25.0
+  yield "exact-tie-p1.5", lambda: _global([exact_tie], 36.0, {"norm_type": 1.5})
   mixed = [f32(64, 96), f32(40, 3), f32(1000), f32(8, 8)]
   yield "p2", lambda: _global(mixed, 1.0, {})
+  yield "p2.5", lambda: _global(mixed, 1.0, {"norm_type": 2.5})
   yield "p1", lambda: _global(mixed, 1.0, {"norm_type": 1.0})
   yield "p3", lambda: _global(mixed, 1.0, {"norm_type": 3.0})
   yield "p8-two-rounds", lambda: _global(mixed, 1.0, {"norm_type": 8.0})
@@ -176,6 +185,7 @@ def cases():
     wide = [x.astype(np.float64) for x in mixed]
   yield "float64-p2", lambda: _with_x64(lambda: _global(wide, 1.0, {}))
   yield "float64-pinf", lambda: _with_x64(lambda: _global(wide, 1.0, {"norm_type": math.inf}))
+  yield "float64-p1.5", lambda: _with_x64(lambda: _global(wide, 1.0, {"norm_type": 1.5}))
   yield "float64-tie", lambda: _with_x64(lambda: _global(
       [x.astype(np.float64) for x in halves], 4.0, {}))
   yield from column_cases(rng)
@@ -330,6 +340,16 @@ def per_system_cases(rng):
       [halves], [tie_ids], np.full(4, np.nextafter(4.0, 0.0)), {})
   yield "segments-tie-step", lambda: _per_system([halves], [tie_ids], np.ones(4, np.float32),
                                                  {}, op="clip_by_max_step")
+  # A non-integer p: near-ties from every device's enclosure of its power sum. The 2.5-norm of
+  # 64 halves is 2**1.4, irrational: the float64 nearest it is a near-tie that the first
+  # precision decides. 9**1.5 + 16**1.5 + 25**1.5 = 36**1.5 exactly, on three devices' rows:
+  # every precision is exchanged, one pass of the loop each.
+  yield "segments-near-tie-p2.5", lambda: _per_system(
+      [halves], [tie_ids], np.full(4, 2.0 ** 1.4), {"norm_type": 2.5})
+  exact_tie = np.zeros((8, 1), np.float32)
+  exact_tie[[0, 3, 6], 0] = 9.0, 16.0, 25.0
+  yield "segments-exact-tie-p1.5", lambda: _per_system(
+      [exact_tie], [np.zeros(8, np.int32)], np.full(1, 36.0), {"norm_type": 1.5})
   with jax.enable_x64(True):
     wide, wide_cell = positions.astype(np.float64), cell.astype(np.float64)
   yield "segments-float64", lambda: _with_x64(lambda: _per_system(

@@ -128,6 +128,9 @@ VARIANTS = {
     "clip_grad_norm-pinf": ("clip_grad_norm", {"norm_type": float("inf")}, False),
     "clip_grad_norm-p8": ("clip_grad_norm", {"norm_type": 8.0}, False),  # maxima, then sums
     "clip_grad_norm-zero": ("clip_grad_norm", {"nonfinite": "zero"}, False),
+    # a non-integer p: near-ties from enclosures, one round a precision (FFI route)
+    "clip_grad_norm-p2.5": ("clip_grad_norm", {"norm_type": 2.5}, False),
+    "clip_by_global_norm-p2.5": ("clip_by_global_norm", {"norm_type": 2.5}, False),
     "clip_by_max_step-one-system": ("clip_by_max_step", {}, True),
     # float64 leaves: the graph's wide route reads one system's leaves as a few blocks
     "clip_grad_norm-float64": ("clip_grad_norm", {}, False),

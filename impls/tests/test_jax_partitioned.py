@@ -26,14 +26,17 @@ ONE_ROUND = {"rounds": DEVICES, "ties": 0, "finished": DEVICES}
 TWO_ROUNDS = {"rounds": 2 * DEVICES, "ties": 0, "finished": DEVICES}
 TIE = {"rounds": DEVICES, "ties": DEVICES, "finished": DEVICES}
 EXPECTED = {
-    "tie-p2-kept": TIE, "tie-p2-clipped": TIE, "tie-step-kept": TIE,
-    "p2": ONE_ROUND, "p1": ONE_ROUND, "p3": ONE_ROUND, "p8-two-rounds": TWO_ROUNDS,
+    "tie-p2-kept": TIE, "tie-p2-clipped": TIE, "tie-step-kept": TIE, "near-tie-p2.5": TIE,
+    # Every precision of the enclosures, 96 bits to 12,288: eight near-tie rounds a device.
+    "exact-tie-p1.5": {"rounds": DEVICES, "ties": 8 * DEVICES, "finished": DEVICES},
+    "p2": ONE_ROUND, "p2.5": ONE_ROUND, "p1": ONE_ROUND, "p3": ONE_ROUND,
+    "p8-two-rounds": TWO_ROUNDS,
     "pinf": ONE_ROUND, "pminusinf": ONE_ROUND, "step-one-system": ONE_ROUND,
     "global-norm-one-system": ONE_ROUND, "nan-propagate": ONE_ROUND, "nan-zero": ONE_ROUND,
     "bfloat16": ONE_ROUND, "float16-p1": ONE_ROUND, "uneven-and-empty-shards": ONE_ROUND,
     # A 2x2 mesh: rows split on one axis, two groups of two devices exchange apart.
     "other-axes-whole": ONE_ROUND, "replicated-and-0d": ONE_ROUND,
-    "float64-p2": TWO_ROUNDS, "float64-pinf": ONE_ROUND,
+    "float64-p2": TWO_ROUNDS, "float64-pinf": ONE_ROUND, "float64-p1.5": TWO_ROUNDS,
     "float64-tie": {"rounds": 2 * DEVICES, "ties": DEVICES, "finished": DEVICES},
     # Leaves split by columns (``column_cases``), on a 1-D and a 2 x 2 mesh.
     "columns": ONE_ROUND, "columns-p8-two-rounds": TWO_ROUNDS, "columns-pinf": ONE_ROUND,
@@ -50,6 +53,8 @@ EXPECTED = {
     "segments-nan-propagate": ONE_ROUND, "segments-interleaved": ONE_ROUND,
     "segments-uneven-and-empty-shards": ONE_ROUND, "segments-replicated": ONE_ROUND,
     "segments-tie-kept": TIE, "segments-tie-clipped": TIE, "segments-tie-step": TIE,
+    "segments-near-tie-p2.5": TIE,
+    "segments-exact-tie-p1.5": {"rounds": DEVICES, "ties": 8 * DEVICES, "finished": DEVICES},
     "segments-float64": TWO_ROUNDS, "segments-grad": ONE_ROUND,
     # Refused on every device before any round.
     "segments-out-of-range": {"rounds": 0, "ties": 0, "finished": 0},

@@ -11,11 +11,12 @@ the unsharded call's bits.
 
 The FFI (numba) route passes without segments, for each kind of exchange that sends block
 results (its partitioning rule, ``impls/own/jax/partitioned.py``: one all-gather of block
-results, one of exact partials under the near-tie ``lax.cond``): power sums split into
+results, one of exact partials in the near-tie ``lax.while_loop``): power sums split into
 sub-blocks (p = 2, and in zero mode), maxima merged (p = inf), maxima then double-double
-sums split into sub-blocks (p = 8), max-step; and with segments (per-system p = 2 and
-max-step, ``partitioned_segments.py``: an all-gather of per-system row counts, then each
-round's chunks in a loop). The graph route passes for p = 1, 2 (zero mode
+sums split into sub-blocks (p = 8), max-step, a non-integer p (whose near-tie rounds, one per
+precision of the enclosures, run in a ``lax.while_loop``); and with segments (per-system
+p = 2, 2.5 and max-step, ``partitioned_segments.py``: an all-gather of per-system row
+counts, then each round's chunks in a loop). The graph route passes for p = 1, 2 (zero mode
 too) with and without segments, and for max-step: its near-ties are settled from exact
 integer limb sums the device all-reduces (``exact_fallback.exact_limb_sums``), and max-step's
 from the element bits of one chosen vector per system and round (``step_ties``); for p =
@@ -83,6 +84,8 @@ CASES = [
     pytest.param("ffi", "clip_grad_norm-pinf"),
     pytest.param("ffi", "clip_grad_norm-p8"),
     pytest.param("ffi", "clip_grad_norm-zero"),
+    pytest.param("ffi", "clip_grad_norm-p2.5"),
+    pytest.param("ffi", "clip_by_global_norm-p2.5"),
     pytest.param("ffi", "clip_by_max_step-one-system"),
     pytest.param("ffi", "clip_grad_norm-float64"),
     pytest.param("ffi", "clip_grad_norm-float64-pmin"),

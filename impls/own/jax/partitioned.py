@@ -16,9 +16,13 @@ Per device, the partitioned program is:
 2. an ``all_gather`` of that buffer over the mesh axes the leaves are split on;
 3. a custom call that folds every device's block results in the unsharded order, decides and
    scales the device's own rows into XLA's result buffers;
-4. under ``lax.cond``, only when some system is a near-tie: an ``all_gather`` of the device's
-   exact partials of the flagged systems (a rational power sum, a maximum, a sign: at most a
-   few KB) and the same custom call again, deciding the tie exactly.
+4. in a ``lax.while_loop``, only while some system is a near-tie: an ``all_gather`` of the
+   device's exact partials of the flagged systems (a rational power sum, a maximum, a sign:
+   at most a few KB) and the same custom call again, deciding the tie exactly (once; for a
+   non-integer p the partials are interval enclosures of the device's power sum, and a
+   precision they do not decide takes one more round, up to one a precision, which only an
+   exact tie takes: :mod:`clipbench.impls.own.shared_enclosures`). The rounds gathered so far
+   are the loop's carry, a static stack the call replays.
 
 The numba code runs as one ordinary call of the sharded route in each custom call: a call
 *replays* the rounds already gathered (its collective returns them, and the device's own part
@@ -28,17 +32,15 @@ layout alone: :func:`clipbench.impls.own.numba.shard_plan.exchange_bytes` per pa
 on the size of an exact partial for the tie round.
 
 Where it applies: global clipping (``clip_grad_norm``, and the per-system operations without
-segments: one system) for p an integer, +-inf, and max-step (calls with segments take
+segments: one system) for any p >= 1, +-inf, and max-step (calls with segments take
 :mod:`.partitioned_segments`, whose rounds, sized by the ids, are streamed in chunks). A leaf
 keeps its split of its rows and of one later axis (tensor parallelism's columns), over any
 mesh axes, uneven splits and empty tiles included (:func:`.mesh_pieces.pieces`): each device
 reads its own tile. XLA makes whole, before the program runs, the splits it cannot keep:
 columns narrower than a sub-block a device, splits of two axes after the first, and
 max-step's columns. Still the whole call on every device (no rule, XLA gathers every
-operand):
-
-* a non-integer p: its exact tie test needs the flagged systems' elements;
-* ``jax.vmap`` (custom partitioning has no batching rule: the batched call is the whole one).
+operand): ``jax.vmap`` (custom partitioning has no batching rule: the batched call is the
+whole one).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from clipbench.impls.own import shared_enclosures
+from clipbench.impls.own.exact import ENCLOSURE_PRECISIONS
 from clipbench.impls.own.jax import host_route, mesh_pieces, xla_ffi
 from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import shard_plan, sharded
@@ -97,9 +101,17 @@ def applies(spec: host_route.CallSpec) -> bool:
   """Whether a sharded call of ``spec`` can exchange partials (else the whole call)."""
   if spec.has_segments:
     return False
-  if spec.op == "clip_by_max_step" or math.isinf(spec.p):
-    return True
-  return float(spec.p).is_integer() and spec.p >= 1
+  return spec.op == "clip_by_max_step" or math.isinf(spec.p) or spec.p >= 1
+
+
+def tie_rounds(spec: host_route.CallSpec) -> tuple[int, int]:
+  """(bytes, rounds): a bound on a device's part of a near-tie round, and how many rounds a
+  tie may take: one of exact partials, or for a non-integer p one of enclosures per
+  precision (:mod:`clipbench.impls.own.shared_enclosures`)."""
+  step = spec.op == "clip_by_max_step"
+  if step or math.isinf(spec.p) or float(spec.p).is_integer():
+    return tie_bytes(spec.leaf_dtypes, spec.p, step) + 64 + _HEADER, 1
+  return shared_enclosures.exchange_bytes(1) + _HEADER, len(ENCLOSURE_PRECISIONS)
 
 
 def tie_bytes(dtypes: tuple, p: float, step: bool) -> int:
@@ -126,6 +138,7 @@ class Stage(NamedTuple):
   known: tuple  # sizes of the gathered buffers this call receives, by round
   record: int  # size of the buffer it hands back (its part of the next round)
   finishes: bool  # writes the outputs and norms (else only its part of a round)
+  ties: int = 0  # near-tie rounds its stack of them holds (then operands: stack, count)
 
 
 class Counts:
@@ -275,6 +288,12 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
   ranks = shards.counts.shape[0]
   known = [array_at(int(a), (ranks, n), np.dtype(np.uint8), True)
            for a, n in zip(args[4 + nl:], stage.known)]
+  count = 0
+  if stage.ties:  # the near-tie rounds gathered so far
+    at = 4 + nl + len(stage.known)
+    count = int(array_at(int(args[at + 1]), (), np.dtype(np.int32), True))
+    known += list(array_at(int(args[at]), (stage.ties, ranks, stage.record), np.dtype(np.uint8),
+                           True)[:count])
   rounds = ReplayedRounds(rank, ranks, known)
   run = functools.partial(sharded.run, leaves, stage.layout, c, NO_SEGMENTS, shards,
                           rounds, spec.p, spec.nonfinite, step=spec.op == "clip_by_max_step")
@@ -291,6 +310,9 @@ def _execute(key: int, args: np.ndarray, rets: np.ndarray) -> None:
     with writing_into(LeavesAt(tiles.write(rets[:nl]), shapes, spec.leaf_dtypes, False)):
       _, norms = run()
   except Recorded as recorded:
+    if stage.ties and count >= stage.ties:
+      raise RuntimeError(f"a near-tie took more than the {stage.ties} rounds of its "
+                         "bound") from None
     need[...] = 1
     _write_round(int(rets[nl + 2]), stage.record, recorded.payload)
     COUNTS.add("ties")
@@ -310,7 +332,7 @@ def _call(stage: Stage, results: list, rank, leaves, m, e, inf, gathered):
 
 
 def _lower(spec: host_route.CallSpec, layout: LeafLayout, pieces: mesh_pieces.Pieces,
-           bounds: list[int], tie: int):
+           bounds: list[int], tie: int, rounds: int):
   """The per-device program (see the module docstring)."""
   u8 = lambda n: jax.ShapeDtypeStruct((n,), jnp.uint8)
   outs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(pieces.buffers, spec.leaf_dtypes)]
@@ -329,15 +351,19 @@ def _lower(spec: host_route.CallSpec, layout: LeafLayout, pieces: mesh_pieces.Pi
         gathered.append(lax.all_gather(part, axis))
       result = _call(stage(tuple(bounds), tie, True), finish, rank, leaves, m, e, inf, gathered)
       nl = len(leaves)
-      done = (tuple(result[:nl]), result[nl])
+      settling = stage(tuple(bounds), tie, True, rounds)
 
-      def settle_ties():
-        every = lax.all_gather(result[nl + 2], axis)
-        again = _call(stage(tuple(bounds) + (tie,), 0, True), finish[:-1], rank, leaves, m, e,
-                      inf, gathered + [every])
-        return tuple(again[:nl]), again[nl]
+      def settle(carry):  # one more near-tie round gathered, then the call again
+        result, ties, count = carry
+        ties = lax.dynamic_update_index_in_dim(ties, lax.all_gather(result[nl + 2], axis),
+                                               count, 0)
+        again = _call(settling, finish, rank, leaves, m, e, inf, gathered + [ties, count + 1])
+        return tuple(again), ties, count + 1
 
-      return lax.cond(result[nl + 1] != 0, settle_ties, lambda: done)
+      ties = jnp.zeros((rounds, pieces.shards.counts.shape[0], tie), jnp.uint8)
+      result, _, _ = lax.while_loop(lambda carry: carry[0][nl + 1] != 0, settle,
+                                    (tuple(result), ties, jnp.zeros((), jnp.int32)))
+      return tuple(result[:nl]), result[nl]
 
   return lower
 
@@ -353,8 +379,8 @@ def _partition(spec: host_route.CallSpec, mesh, arg_shapes, result_shape):
   layout = leaf_layout_of(list(pieces.views), list(spec.leaf_dtypes))
   bounds = [int(shard_plan.exchange_bytes(pieces.shards, layout, *x).max()) + _HEADER
             for x in exchanges(spec)]
-  tie = tie_bytes(spec.leaf_dtypes, spec.p, spec.op == "clip_by_max_step") + 64 + _HEADER
-  return mesh, _lower(spec, layout, pieces, bounds, tie), result_shardings, arg_shardings
+  return (mesh, _lower(spec, layout, pieces, bounds, *tie_rounds(spec)), result_shardings,
+          arg_shardings)
 
 
 def _whole(spec: host_route.CallSpec, m, e, inf, *leaves):

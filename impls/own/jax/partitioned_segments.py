@@ -27,8 +27,10 @@ Per device, the partitioned program is:
    next, until every device's part has arrived;
 3. a custom call that folds every device's block results in the unsharded order, decides and
    scales the device's own rows into XLA's result buffers;
-4. under ``lax.cond``, only when a system is a near-tie: the flagged systems' exact partials
-   streamed the same way (a non-integer p's are their magnitudes), and the call of 3 again.
+4. in a ``lax.while_loop``, only while a system is a near-tie: the flagged systems' exact
+   partials streamed the same way, and the call of 3 again (once; a non-integer p's partials
+   are enclosures, and a precision they do not decide takes one more pass, which only an
+   exact tie takes to the last: :mod:`clipbench.impls.own.shared_enclosures`).
 
 What a device has received lives on the host between the custom calls of one execution
 (:class:`_Execution`, found by a number the first call hands out and every later call takes as
@@ -300,8 +302,6 @@ def _finish(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) ->
     with writing_into(LeavesAt(rets[:nl], tuple(shapes), spec.leaf_dtypes, False)):
       _, norms = run()
   except partitioned.Recorded as recorded:
-    if stage.kind == "settle":
-      raise RuntimeError("a near-tie round was replayed and another one began") from None
     array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)[...] = 1
     ex.start_round(recorded.payload, stage.plan.chunk)
     ex.write_chunk(int(rets[nl + 2]))
@@ -309,10 +309,9 @@ def _finish(stage: Stage, ex: _Execution, args: np.ndarray, rets: np.ndarray) ->
     return False
   array_at(int(rets[nl]), (spec.num_systems,), spec.norms_dtype, False)[...] = (
       np.asarray(norms).reshape(-1))
-  if stage.kind == "finish":
-    array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)[...] = 0
-    ex.start_round(np.zeros(0, np.uint8), stage.plan.chunk)
-    ex.write_chunk(int(rets[nl + 2]))
+  array_at(int(rets[nl + 1]), (), np.dtype(np.int32), False)[...] = 0
+  ex.start_round(np.zeros(0, np.uint8), stage.plan.chunk)
+  ex.write_chunk(int(rets[nl + 2]))
   partitioned.COUNTS.add("finished")
   return True
 
@@ -377,14 +376,14 @@ def _lower(plan: Plan, axis: str):
       for r in range(plan.rounds):
         (part,) = call("round", [chunk], *call_operands, arrived, first=r == 0)
         arrived = stream(part)
-      result = call("finish", outs + [norms, flag, chunk], *call_operands, arrived)
-      done = (tuple(result[:nl]), result[nl])
+      ending = outs + [norms, flag, chunk]
+      result = call("finish", ending, *call_operands, arrived)
 
-      def settle():
-        again = call("settle", outs + [norms], *call_operands, stream(result[nl + 2]))
-        return tuple(again[:nl]), again[nl]
+      def settle(result):  # one more round of a near-tie's partials, then the call again
+        return tuple(call("settle", ending, *call_operands, stream(result[nl + 2])))
 
-      return lax.cond(result[nl + 1] != 0, settle, lambda: done)
+      result = lax.while_loop(lambda result: result[nl + 1] != 0, settle, tuple(result))
+      return tuple(result[:nl]), result[nl]
 
   return lower
 

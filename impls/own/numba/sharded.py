@@ -30,8 +30,10 @@ deterministic code on equal inputs) and scales its own rows (:func:`.general.app
 rank holds beyond its rows is per-block and per-system vectors and the straddling blocks.
 Near-ties (:meth:`ShardedBlocks.ties_kept`) are decided from exact per-rank partials of the
 flagged systems only: rational power sums for integer p (exact, so any order of addition
-gives the same total), signs for max-step, maxima for p = +-inf; a non-integer p sends the
-flagged systems' magnitudes (near-ties only happen where a test builds them).
+gives the same total), signs for max-step, maxima for p = +-inf; for a non-integer p, interval
+enclosures of each rank's power sum, added (:mod:`clipbench.impls.own.shared_enclosures`:
+about 41 bytes a system, and one more exchange per higher precision a system needs, which
+only an exact tie takes to the last).
 
 Costs: one all-gather of every rank's block and sub-block results and elements (two when a
 first pass takes the maxima); beyond two ranks an all-to-all before each, and the all-gather
@@ -64,6 +66,7 @@ from clipbench.impls.own.numba.records import Blocks, Leaves
 from clipbench.impls.own.numba.segments import CheckedSegments
 from clipbench.impls.own.numba.shard_plan import ShardLayout
 from clipbench.impls.own.numba.short_sums import SHORT
+from clipbench.impls.own.shared_enclosures import SharedEnclosures
 
 _ALIGN = 64  # bytes: each assembled straddling block starts on a cache line
 
@@ -445,6 +448,10 @@ class ShardedBlocks:
     counted = [i for i in range(self.layout.codes.size)
                if (me == 0 if self.shards.replicated[i] else self.shards.counts[me, i].any())]
     thresholds = [Fraction(float(c[k])) for k in systems]
+    if not step and not math.isinf(p) and not float(p).is_integer():
+      parts = [exact.PowerSumTerms(*_tie_magnitudes(self.prep, counted, k), p) for k in systems]
+      shared = SharedEnclosures(parts, p, self.collective.all_gather_objects)
+      return [shared.sign(j, c_k) <= 0 for j, c_k in enumerate(thresholds)]
     partials = [_tie_partial(self.prep, counted, k, p, step, c_k)
                 for k, c_k in zip(systems, thresholds)]
     every = self.collective.all_gather_objects(partials)
@@ -452,24 +459,28 @@ class ShardedBlocks:
             for i, c_k in enumerate(thresholds)]
 
 
+def _tie_magnitudes(prep: Prepared, counted: list[int], k: int):
+  """(m, e) of system k's elements in the leaves ``counted``."""
+  values = [v.ravel() for i, v in enumerate(prep.system_values(k)) if i in counted]
+  return exact.magnitudes_of(np.concatenate(values) if values else np.zeros(0))
+
+
 def _tie_partial(prep: Prepared, counted: list[int], k: int, p: float, step: bool,
                  c: Fraction) -> Any:
-  """One rank's exact summary of system k's elements in the leaves ``counted``: what
-  :func:`_tie_sign` combines across ranks (each kind is exact and order-free)."""
+  """One rank's exact summary of system k's elements in the leaves ``counted`` (an integer
+  p, +-inf, max-step): what :func:`_tie_sign` combines across ranks (each kind is exact and
+  order-free)."""
   if step:
     signs = [exact.exact_step_compare(*exact.magnitudes_of(v), c)
              for i, v in enumerate(prep.system_vectors(k)) if i in counted and v.size]
     return max(signs, default=-1)
-  values = [v.ravel() for i, v in enumerate(prep.system_values(k)) if i in counted]
-  m, e = exact.magnitudes_of(np.concatenate(values) if values else np.zeros(0))
+  m, e = _tie_magnitudes(prep, counted, k)
   if math.isinf(p):
     if m.size == 0:
       return None
     exact_values = [Fraction(int(a)) * Fraction(2) ** int(b) for a, b in zip(m, e)]
     return max(exact_values) if p > 0 else min(exact_values)
-  if float(p).is_integer():
-    return exact.power_sum(m, e, int(p)), int(m.size)
-  return m, e
+  return exact.power_sum(m, e, int(p)), int(m.size)
 
 
 def _tie_sign(partials: list, p: float, step: bool, c: Fraction) -> int:
@@ -483,12 +494,9 @@ def _tie_sign(partials: list, p: float, step: bool, c: Fraction) -> int:
       return -1 if c > 0 else 0
     extreme = max(held) if p > 0 else min(held)
     return (extreme > c) - (extreme < c)
-  if float(p).is_integer():
-    total = sum(s for s, _ in partials)
-    bound = c ** int(p)
-    return (total > bound) - (total < bound)
-  return exact.exact_compare(np.concatenate([m for m, _ in partials]),
-                             np.concatenate([e for _, e in partials]), p, c)
+  total = sum(s for s, _ in partials)
+  bound = c ** int(p)
+  return (total > bound) - (total < bound)
 
 
 def run(leaves: list[np.ndarray], layout: LeafLayout, threshold: Any, segments: CheckedSegments,

@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from clipbench.impls.own.exact import (FIRST_ENCLOSURE_BITS, enclosure_sign, magnitudes_of,
-                                      power_sum)
+from clipbench.impls.own.exact import PowerSumTerms, enclosure_sign, magnitudes_of, power_sum
+from clipbench.impls.own.shared_enclosures import SharedEnclosures
 from clipbench.impls.own.torch.formats import fraction_root, sign
 from clipbench.impls.own.torch.floats import pow2
 from clipbench.impls.own.torch.layout import Batch, gather
@@ -62,10 +62,10 @@ class PowerOracle:
     self.mags = [v for v in np.abs(magnitudes.astype(np.float64)).ravel().tolist() if v]
     self.p = p
     self._power_sum = None
+    m, e = magnitudes_of(np.array(self.mags, dtype=np.float64))
     if p.is_integer() and p <= 64 and len(self.mags) <= 200_000:
-      m, e = magnitudes_of(np.array(self.mags, dtype=np.float64))
       self._power_sum = power_sum(m, e, int(p))
-    self._cache = {}
+    self._terms = PowerSumTerms(m, e, p)
 
   def compare(self, t: Fraction) -> int:
     if not self.mags:
@@ -76,15 +76,7 @@ class PowerOracle:
 
   def enclosure(self, prec: int):
     """The power sum as an mpmath interval at ``prec`` bits (the context is set to it)."""
-    if prec not in self._cache:
-      import mpmath  # pylint: disable=import-outside-toplevel
-      ctx = mpmath.iv
-      total = ctx.mpf(0)
-      pp = ctx.mpf(self.p)
-      for v in self.mags:
-        total += ctx.mpf(v) ** pp
-      self._cache[prec] = total
-    return self._cache[prec]
+    return self._terms.enclosure(prec)
 
   def approx(self) -> Fraction:
     if not self.mags:
@@ -100,85 +92,25 @@ def shared_power_oracles(local: Sequence[PowerOracle], p: float,
   holds this rank's magnitudes of system j, and ``gather(value)`` returns every rank's value
   in rank order (a collective: every rank must call this, and then its oracles' ``compare``,
   with the same arguments in the same order, which decisions made from exchanged values do).
-
-  No magnitude travels. A rank sends the enclosure of its own power sum, and the enclosures
-  are added: their sum encloses the whole sum, so a comparison it decides is the exact one,
-  and the bits are those of :class:`PowerOracle` over every magnitude. One exchange carries
-  every system's first enclosure (which also gives the search its start); a higher precision
-  is exchanged for one system when a comparison asks for it (a near-tie). An enclosure of
-  nothing is exactly [0, 0], and any magnitude's is above 0: a system with no magnitude is
-  known as such.
-  """
-  return _SharedEnclosures(local, p, gather).oracles()
+  No magnitude travels: the ranks' enclosures of their power sums are added
+  (:class:`clipbench.impls.own.shared_enclosures.SharedEnclosures`)."""
+  shared = SharedEnclosures(local, p, gather)
+  return [SharedPowerOracle(shared, j) for j in range(len(local))]
 
 
 class SharedPowerOracle:
   """One system's exact norm from enclosures exchanged between ranks
-  (:func:`shared_power_oracles`)."""
+  (:func:`shared_power_oracles`); its search starts at the first enclosure's midpoint."""
 
-  def __init__(self, shared: _SharedEnclosures, j: int):
+  def __init__(self, shared: SharedEnclosures, j: int):
     self._shared, self._j = shared, j
+    self._approx = fraction_root(shared.middles[j], shared.p)
 
   def compare(self, t: Fraction) -> int:
-    if self._shared.empty[self._j]:
-      return sign(-t)
-    return enclosure_sign(lambda prec: self._shared.enclosure(self._j, prec), self._shared.p, t)
+    return self._shared.sign(self._j, t)
 
   def approx(self) -> Fraction:
-    return self._shared.approx[self._j]
-
-
-class _SharedEnclosures:
-  """The exchanged enclosures of a call's shared systems, per (system, precision)."""
-
-  def __init__(self, local: Sequence[PowerOracle], p: float, gather: Callable[[Any], list[Any]]):
-    import mpmath  # pylint: disable=import-outside-toplevel
-    self.local, self.p, self._gather = list(local), p, gather
-    ctx, first = mpmath.iv, FIRST_ENCLOSURE_BITS
-    saved = ctx.prec
-    ctx.prec = first
-    try:
-      every = gather([_endpoints(o.enclosure(first)) for o in self.local])
-      self._cache = {(j, first): _added([e[j] for e in every], first)
-                     for j in range(len(self.local))}
-    finally:
-      ctx.prec = saved
-    middles = [_midpoint(self._cache[j, first]) for j in range(len(self.local))]
-    self.empty = [m == 0 for m in middles]  # [0, 0]: no magnitude on any rank
-    self.approx = [fraction_root(m, p) for m in middles]
-
-  def oracles(self) -> list[SharedPowerOracle]:
-    return [SharedPowerOracle(self, j) for j in range(len(self.local))]
-
-  def enclosure(self, j: int, prec: int):
-    """System j's whole power sum at ``prec`` bits (the context is set to it)."""
-    if (j, prec) not in self._cache:
-      every = self._gather(_endpoints(self.local[j].enclosure(prec)))
-      self._cache[j, prec] = _added(every, prec)
-    return self._cache[j, prec]
-
-
-def _endpoints(interval) -> tuple[tuple[int, int], tuple[int, int]]:
-  """An mpmath interval's endpoints, exactly, as (mantissa, exponent) pairs of Python ints."""
-  from mpmath import libmp  # pylint: disable=import-outside-toplevel
-  return tuple((int(m), int(e)) for m, e in map(libmp.to_man_exp, interval._mpi_))
-
-
-def _midpoint(interval) -> Fraction:
-  """The exact midpoint of an mpmath interval."""
-  lo, hi = (Fraction(m) * Fraction(2) ** e for m, e in _endpoints(interval))
-  return (lo + hi) / 2
-
-
-def _added(parts, prec: int):
-  """The sum of intervals given by exact endpoints, rounded outward to ``prec`` bits."""
-  import mpmath  # pylint: disable=import-outside-toplevel
-  from mpmath import libmp  # pylint: disable=import-outside-toplevel
-  lo = hi = libmp.fzero
-  for (lo_m, lo_e), (hi_m, hi_e) in parts:
-    lo = libmp.mpf_add(lo, libmp.from_man_exp(lo_m, lo_e), prec, libmp.round_floor)
-    hi = libmp.mpf_add(hi, libmp.from_man_exp(hi_m, hi_e), prec, libmp.round_ceiling)
-  return mpmath.iv.make_mpf((lo, hi))
+    return self._approx
 
 
 def exact_power_sums(values: torch.Tensor, group: torch.Tensor, num_groups: int,

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pickle
 from fractions import Fraction
 from typing import Any
 
@@ -88,8 +87,9 @@ from clipbench.impls.own.torch.measure import Measured, measure
 from clipbench.impls.own.torch.oracles import SumOracle, exact_oracles, shared_power_oracles
 from clipbench.impls.own.torch.sharded_partials import (TRAFFIC, AbandonedCall, _as_output,
                                                         _chunks, _local_segments, _MeshOrder,
-                                                        _system_count, full_tensor, geometry,
-                                                        like_input, local_pieces, piece_extent)
+                                                        _system_count, all_gather_objects,
+                                                        full_tensor, geometry, like_input,
+                                                        local_pieces, piece_extent)
 
 
 def kind_of(op: str, norm_type: Any) -> str | None:
@@ -255,10 +255,7 @@ class _Exchange:
 
   def gather_objects(self, value: Any) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order."""
-    TRAFFIC.bytes_sent += len(pickle.dumps(value))
-    every: list[Any] = [None] * self.ranks
-    dist.all_gather_object(every, value, group=self.group)
-    return every
+    return all_gather_objects(value, self.group, self.ranks)
 
 
 def _fold(every: torch.Tensor, op: str) -> torch.Tensor:

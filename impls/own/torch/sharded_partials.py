@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import math
 import operator
+import pickle
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -68,6 +69,14 @@ def full_tensor(value: Any) -> Any:
     return local
   TRAFFIC.bytes_sent += local.numel() * local.element_size()
   return value.full_tensor()
+
+
+def all_gather_objects(value: Any, group: Any, ranks: int) -> list[Any]:
+  """Every rank's picklable ``value``, in rank order; its pickle is counted as sent."""
+  TRAFFIC.bytes_sent += len(pickle.dumps(value))
+  every: list[Any] = [None] * ranks
+  dist.all_gather_object(every, value, group=group)
+  return every
 
 
 def like_input(output: Any, leaf: Any) -> Any:
@@ -135,9 +144,7 @@ class GlooCollective:
     return np.split(received.numpy(), np.cumsum(sizes)[:-1])
 
   def all_gather_objects(self, value: Any) -> list[Any]:
-    every: list[Any] = [None] * self.size
-    dist.all_gather_object(every, value, group=self.group)
-    return every
+    return all_gather_objects(value, self.group, self.size)
 
   def holds_next_round(self) -> bool:
     return False
