@@ -117,20 +117,29 @@ def enclosure_sign(power_sum_at: Callable[[int], Any], p: float, c: Fraction) ->
   context works at ``prec`` bits (:data:`ENCLOSURE_PRECISIONS`); 0 when even the last cannot
   tell (a tie).
   """
+  for prec in ENCLOSURE_PRECISIONS:
+    decided = sign_at(power_sum_at, p, c, prec)
+    if decided is not None:
+      return decided
+  return 0  # indistinguishable at the last precision: an exact tie
+
+
+def sign_at(power_sum_at: Callable[[int], Any], p: float, c: Fraction, prec: int) -> int | None:
+  """Sign of S - c**p (as :func:`enclosure_sign`) from the enclosures at ``prec`` bits alone,
+  or None where they overlap."""
   import mpmath  # pylint: disable=import-outside-toplevel
   ctx = mpmath.iv
-  for prec in ENCLOSURE_PRECISIONS:
-    saved = ctx.prec
-    ctx.prec = prec
-    try:
-      diff = power_sum_at(prec) - (ctx.mpf(c.numerator) / ctx.mpf(c.denominator)) ** ctx.mpf(p)
-    finally:
-      ctx.prec = saved
-    if diff.b < 0:
-      return -1
-    if diff.a > 0:
-      return 1
-  return 0  # indistinguishable at the last precision: an exact tie
+  saved = ctx.prec
+  ctx.prec = prec
+  try:
+    diff = power_sum_at(prec) - (ctx.mpf(c.numerator) / ctx.mpf(c.denominator)) ** ctx.mpf(p)
+  finally:
+    ctx.prec = saved
+  if diff.b < 0:
+    return -1
+  if diff.a > 0:
+    return 1
+  return None
 
 
 def exact_step_compare(m: np.ndarray, e: np.ndarray, c: Fraction) -> int:

@@ -8,8 +8,11 @@ rank encloses the power sum of its own terms and sends the enclosure's two endpo
 enclosures are added with outward rounding, so the sum encloses the whole power sum, and any
 comparison it decides is the exact one: the decisions, and so the bits, are those of the
 unsharded call. One exchange carries every shared system's first enclosure; a higher
-precision is exchanged for one system when a comparison asks for it (a near-tie), and every
-rank asks in the same order because the decisions are taken on exchanged values. An enclosure
+precision is exchanged for one system when a comparison asks for it (:meth:`~SharedEnclosures
+.sign`, the CUDA route's norm searches), or for every system still open at once
+(:meth:`~SharedEnclosures.signs`, the numba route's near-ties: at most one exchange a
+precision), and every rank asks in the same order because the decisions are taken on
+exchanged values. An enclosure
 of nothing is exactly [0, 0] and any nonzero term's is above 0, so a system with no nonzero
 term on any rank is known as such.
 
@@ -23,11 +26,13 @@ the numba route's sharded near-ties (:mod:`clipbench.impls.own.numba.sharded`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from fractions import Fraction
 from typing import Any, Callable, Protocol, Sequence
 
-from clipbench.impls.own.exact import ENCLOSURE_PRECISIONS, FIRST_ENCLOSURE_BITS, enclosure_sign
+from clipbench.impls.own.exact import (ENCLOSURE_PRECISIONS, FIRST_ENCLOSURE_BITS, enclosure_sign,
+                                      sign_at)
 
 
 class Enclosed(Protocol):
@@ -42,21 +47,18 @@ class SharedEnclosures:
 
   ``local[j]`` is this rank's part of system j's power sum, and ``gather(value)`` returns
   every rank's value in rank order (a collective: every rank must construct this, and then
-  call :meth:`sign` or :meth:`enclosure`, with the same arguments in the same order).
+  call :meth:`sign`, :meth:`signs` or :meth:`enclosure`, with the same arguments in the same
+  order).
   """
 
   def __init__(self, local: Sequence[Enclosed], p: float, gather: Callable[[Any], list[Any]]):
-    import mpmath  # pylint: disable=import-outside-toplevel
     self.local, self.p, self._gather = list(local), p, gather
-    ctx, first = mpmath.iv, FIRST_ENCLOSURE_BITS
-    saved = ctx.prec
-    ctx.prec = first
-    try:
-      every = gather([endpoints(part.enclosure(first)) for part in self.local])
-      self._cache = {(j, first): _added([e[j] for e in every], first)
-                     for j in range(len(self.local))}
-    finally:
-      ctx.prec = saved
+    first = FIRST_ENCLOSURE_BITS
+    with _precision(first):
+      mine = [endpoints(part.enclosure(first)) for part in self.local]
+    every = gather(mine)
+    self._cache = {(j, first): _added([e[j] for e in every], first)
+                   for j in range(len(self.local))}
     # The first enclosure's exact midpoint: where a search for the norm starts.
     self.middles = [midpoint(self._cache[j, first]) for j in range(len(self.local))]
     self.empty = [m == 0 for m in self.middles]  # [0, 0]: no nonzero term on any rank
@@ -69,10 +71,43 @@ class SharedEnclosures:
     return self._cache[j, prec]
 
   def sign(self, j: int, c: Fraction) -> int:
-    """-1, 0, 1 as system j's exact p-norm is <, ==, > the rational ``c``."""
+    """-1, 0, 1 as system j's exact p-norm is <, ==, > the rational ``c`` (each further
+    precision it needs is one exchange of system j's enclosure)."""
     if self.empty[j]:
       return (c < 0) - (c > 0)
     return enclosure_sign(lambda prec: self.enclosure(j, prec), self.p, c)
+
+  def signs(self, thresholds: Sequence[Fraction]) -> list[int]:
+    """:meth:`sign` of every system against its threshold, with one exchange per further
+    precision for all the systems still open (at most one a precision, however many ties)."""
+    out: list[int | None] = [(c < 0) - (c > 0) if empty else None
+                             for c, empty in zip(thresholds, self.empty)]
+    for prec in ENCLOSURE_PRECISIONS:
+      still = [j for j, s in enumerate(out) if s is None]
+      if not still:
+        break
+      need = [j for j in still if (j, prec) not in self._cache]
+      if need:
+        with _precision(prec):
+          mine = [endpoints(self.local[j].enclosure(prec)) for j in need]
+        every = self._gather(mine)
+        for i, j in enumerate(need):
+          self._cache[j, prec] = _added([e[i] for e in every], prec)
+      for j in still:
+        out[j] = sign_at(lambda at, j=j: self._cache[j, at], self.p, thresholds[j], prec)
+    return [0 if s is None else s for s in out]  # open at the last precision: exact ties
+
+
+@contextlib.contextmanager
+def _precision(prec: int):
+  """mpmath's interval context at ``prec`` bits inside the block."""
+  import mpmath  # pylint: disable=import-outside-toplevel
+  saved = mpmath.iv.prec
+  mpmath.iv.prec = prec
+  try:
+    yield
+  finally:
+    mpmath.iv.prec = saved
 
 
 def exchange_bytes(systems: int, prec: int = ENCLOSURE_PRECISIONS[-1]) -> int:

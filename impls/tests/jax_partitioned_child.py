@@ -342,14 +342,15 @@ def per_system_cases(rng):
                                                  {}, op="clip_by_max_step")
   # A non-integer p: near-ties from every device's enclosure of its power sum. The 2.5-norm of
   # 64 halves is 2**1.4, irrational: the float64 nearest it is a near-tie that the first
-  # precision decides. 9**1.5 + 16**1.5 + 25**1.5 = 36**1.5 exactly, on three devices' rows:
-  # every precision is exchanged, one pass of the loop each.
+  # precision decides. 9**1.5 + 16**1.5 + 25**1.5 = 36**1.5 exactly, twice, each system's rows
+  # on two devices: every precision is exchanged, for both systems at once.
   yield "segments-near-tie-p2.5", lambda: _per_system(
       [halves], [tie_ids], np.full(4, 2.0 ** 1.4), {"norm_type": 2.5})
-  exact_tie = np.zeros((8, 1), np.float32)
-  exact_tie[[0, 3, 6], 0] = 9.0, 16.0, 25.0
+  exact_ties = np.zeros((16, 1), np.float32)
+  exact_ties[[0, 3, 6, 8, 11, 14], 0] = 9.0, 16.0, 25.0, 9.0, 16.0, 25.0
   yield "segments-exact-tie-p1.5", lambda: _per_system(
-      [exact_tie], [np.zeros(8, np.int32)], np.full(1, 36.0), {"norm_type": 1.5})
+      [exact_ties], [np.repeat(np.arange(2, dtype=np.int32), 8)], np.full(2, 36.0),
+      {"norm_type": 1.5})
   with jax.enable_x64(True):
     wide, wide_cell = positions.astype(np.float64), cell.astype(np.float64)
   yield "segments-float64", lambda: _with_x64(lambda: _per_system(

@@ -54,6 +54,7 @@ EXPECTED = {
     "segments-uneven-and-empty-shards": ONE_ROUND, "segments-replicated": ONE_ROUND,
     "segments-tie-kept": TIE, "segments-tie-clipped": TIE, "segments-tie-step": TIE,
     "segments-near-tie-p2.5": TIE,
+    # Two exact ties together: still eight rounds (one by one would be 1 + 7 * 2).
     "segments-exact-tie-p1.5": {"rounds": DEVICES, "ties": 8 * DEVICES, "finished": DEVICES},
     "segments-float64": TWO_ROUNDS, "segments-grad": ONE_ROUND,
     # Refused on every device before any round.

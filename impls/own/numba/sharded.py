@@ -451,7 +451,7 @@ class ShardedBlocks:
     if not step and not math.isinf(p) and not float(p).is_integer():
       parts = [exact.PowerSumTerms(*_tie_magnitudes(self.prep, counted, k), p) for k in systems]
       shared = SharedEnclosures(parts, p, self.collective.all_gather_objects)
-      return [shared.sign(j, c_k) <= 0 for j, c_k in enumerate(thresholds)]
+      return [s <= 0 for s in shared.signs(thresholds)]
     partials = [_tie_partial(self.prep, counted, k, p, step, c_k)
                 for k, c_k in zip(systems, thresholds)]
     every = self.collective.all_gather_objects(partials)
