@@ -8,6 +8,7 @@ is, so this exact path costs nothing in practice.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from fractions import Fraction
 from typing import Any, Callable
@@ -129,17 +130,21 @@ def sign_at(power_sum_at: Callable[[int], Any], p: float, c: Fraction, prec: int
   or None where they overlap."""
   import mpmath  # pylint: disable=import-outside-toplevel
   ctx = mpmath.iv
-  saved = ctx.prec
-  ctx.prec = prec
-  try:
+  with interval_precision(prec):
     diff = power_sum_at(prec) - (ctx.mpf(c.numerator) / ctx.mpf(c.denominator)) ** ctx.mpf(p)
+  return -1 if diff.b < 0 else 1 if diff.a > 0 else None
+
+
+@contextlib.contextmanager
+def interval_precision(prec: int):
+  """mpmath's interval context at ``prec`` bits inside the block."""
+  import mpmath  # pylint: disable=import-outside-toplevel
+  saved = mpmath.iv.prec
+  mpmath.iv.prec = prec
+  try:
+    yield
   finally:
-    ctx.prec = saved
-  if diff.b < 0:
-    return -1
-  if diff.a > 0:
-    return 1
-  return None
+    mpmath.iv.prec = saved
 
 
 def exact_step_compare(m: np.ndarray, e: np.ndarray, c: Fraction) -> int:

@@ -26,13 +26,12 @@ the numba route's sharded near-ties (:mod:`clipbench.impls.own.numba.sharded`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from fractions import Fraction
 from typing import Any, Callable, Protocol, Sequence
 
 from clipbench.impls.own.exact import (ENCLOSURE_PRECISIONS, FIRST_ENCLOSURE_BITS, enclosure_sign,
-                                      sign_at)
+                                      interval_precision, sign_at)
 
 
 class Enclosed(Protocol):
@@ -54,7 +53,7 @@ class SharedEnclosures:
   def __init__(self, local: Sequence[Enclosed], p: float, gather: Callable[[Any], list[Any]]):
     self.local, self.p, self._gather = list(local), p, gather
     first = FIRST_ENCLOSURE_BITS
-    with _precision(first):
+    with interval_precision(first):
       mine = [endpoints(part.enclosure(first)) for part in self.local]
     every = gather(mine)
     self._cache = {(j, first): _added([e[j] for e in every], first)
@@ -88,7 +87,7 @@ class SharedEnclosures:
         break
       need = [j for j in still if (j, prec) not in self._cache]
       if need:
-        with _precision(prec):
+        with interval_precision(prec):
           mine = [endpoints(self.local[j].enclosure(prec)) for j in need]
         every = self._gather(mine)
         for i, j in enumerate(need):
@@ -96,18 +95,6 @@ class SharedEnclosures:
       for j in still:
         out[j] = sign_at(lambda at, j=j: self._cache[j, at], self.p, thresholds[j], prec)
     return [0 if s is None else s for s in out]  # open at the last precision: exact ties
-
-
-@contextlib.contextmanager
-def _precision(prec: int):
-  """mpmath's interval context at ``prec`` bits inside the block."""
-  import mpmath  # pylint: disable=import-outside-toplevel
-  saved = mpmath.iv.prec
-  mpmath.iv.prec = prec
-  try:
-    yield
-  finally:
-    mpmath.iv.prec = saved
 
 
 def exchange_bytes(systems: int, prec: int = ENCLOSURE_PRECISIONS[-1]) -> int:
