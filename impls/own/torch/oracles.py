@@ -62,10 +62,9 @@ class PowerOracle:
     self.mags = [v for v in np.abs(magnitudes.astype(np.float64)).ravel().tolist() if v]
     self.p = p
     self._power_sum = None
-    m, e = magnitudes_of(np.array(self.mags, dtype=np.float64))
     if p.is_integer() and p <= 64 and len(self.mags) <= 200_000:
-      self._power_sum = power_sum(m, e, int(p))
-    self._terms = PowerSumTerms(m, e, p)
+      self._power_sum = self.exact_power_sum()
+    self._terms: PowerSumTerms | None = None  # built at the first enclosure
 
   def compare(self, t: Fraction) -> int:
     if not self.mags:
@@ -74,8 +73,17 @@ class PowerOracle:
       return sign(self._power_sum - t ** int(self.p))
     return enclosure_sign(self.enclosure, self.p, t)
 
+  def exact_power_sum(self) -> Fraction:
+    """The exact sum of the magnitudes' p-th powers (an integer p)."""
+    if self._power_sum is None:
+      m, e = magnitudes_of(np.array(self.mags, dtype=np.float64))
+      return power_sum(m, e, int(self.p))
+    return self._power_sum
+
   def enclosure(self, prec: int):
     """The power sum as an mpmath interval at ``prec`` bits (the context is set to it)."""
+    if self._terms is None:
+      self._terms = PowerSumTerms(*magnitudes_of(np.array(self.mags, dtype=np.float64)), self.p)
     return self._terms.enclosure(prec)
 
   def approx(self) -> Fraction:

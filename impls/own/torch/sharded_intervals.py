@@ -76,7 +76,6 @@ import torch
 import torch.distributed as dist
 
 from clipbench.impls.own.double_double import fast_two_sum, two_sum
-from clipbench.impls.own.exact import magnitudes_of, power_sum
 from clipbench.impls.own.torch.arguments import (Threshold, check_leaves, check_nonfinite,
                                                  check_norm_type, check_segments, check_threshold)
 from clipbench.impls.own.torch.decisions import Plan, decide
@@ -416,8 +415,7 @@ class _Agreement:
     if kind == "step" or p in (1.0, 2.0):
       partial = [mine[k].power_sum for k in systems]
     else:
-      partial = [power_sum(*magnitudes_of(np.asarray(mine[k].mags, np.float64)), int(p))
-                 for k in systems]
+      partial = [mine[k].exact_power_sum() for k in systems]
     every = self.kernels.exchange.gather_objects(partial)
     if kind == "step":
       return {k: SumOracle(max(e[i] for e in every), 2) for i, k in enumerate(systems)}
