@@ -47,9 +47,12 @@ from clipbench.impls.tests import host_device_children as children
 CHILD = "clipbench.impls.tests.jax_sharded_hlo_child"
 TIE_GATHERS = ("the graph route's near-tie fallback for p other than 1, 2 "
                "(impls/own/jax/exact_fallback.py) passes the leaves' bits to a host callback "
-               "under lax.cond, and the partitioned program all-gathers them for it (integer p "
-               "from limb sums on the device was tried and cost too much compile time and "
-               "memory in every program: docs/sharding.md; issue 32, part 2)")
+               "under lax.cond, and the partitioned program all-gathers them for it, in the "
+               "tie branch only, though every call's temporaries hold the copies. A callback "
+               "cannot run per device inside a custom_partitioning rule (use-after-free, "
+               "jax-ml/jax#23620); integer p from limb sums on the device was tried and cost "
+               "too much compile time and memory in every program (docs/sharding.md; issue "
+               "32, part 2)")
 
 FFI_NARROW_COLUMNS = ("the FFI (numba) route reads a leaf's columns in place only where each "
                       "device holds a sub-block (256 elements) of every row or none: its bits "

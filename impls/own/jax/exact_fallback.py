@@ -12,7 +12,12 @@ What crosses to the host, and between devices, is a few thousand limb sums, not 
 Max-step: the few vectors that can decide a tie cross, one per system and round
 (:mod:`.step_ties`), where the leaves may be sharded (``Config.may_be_sharded``). Other p (and
 max-step compiled alone on one device's leaves) pass the leaves' bits to the host, which
-decides from every element (:func:`host_ties`); on sharded leaves XLA gathers them for it.
+decides from every element (:func:`host_ties`); on sharded leaves XLA gathers them for it, in
+the tie branch, and every call's temporaries hold the gathered copies. That gather stays: a
+callback runs on one device in a partitioned program, and inside a ``custom_partitioning``
+rule, where it could run per device, it crashes (jax-ml/jax#23620); a non-integer p has no
+exact partial of bounded size, and an integer one's exact power on the device cost too much
+memory (docs/sharding.md).
 """
 
 from __future__ import annotations
