@@ -290,6 +290,9 @@ def test_a_cached_layout_serves_the_same_addresses_and_only_those(monkeypatch):
   check(second)
   assert built
   built.clear()
+  check(first)  # not the last call's layout: the cache's, nothing rebuilt
+  check(second)
+  assert built == []
   strided = leaves_of(2)
   strided[4] = strided[4].t()  # (3, 7), not contiguous: copied, so a new address every call
   check(strided)

@@ -8,8 +8,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from clipbench.impls.own.torch.arguments import (check_leaves, check_nonfinite, check_norm_type,
-                                                 check_segments, check_threshold)
+from clipbench.impls.own.torch.arguments import (check_leaves_and_dtypes, check_nonfinite,
+                                                 check_norm_type, check_segments,
+                                                 check_threshold)
 from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.layout import make_batch, sanitize
 from clipbench.impls.own.torch import host_route, sharded
@@ -69,7 +70,7 @@ class TorchClipping:
     if sharded.has_dtensor(leaves):
       return sharded.clip_sharded(self, leaves, call)
     op = call.op
-    leaves = check_leaves(leaves)
+    leaves, dtypes = check_leaves_and_dtypes(leaves)
     on_host = self.cpu_kernels and host_route.applies(leaves)
     device = leaves[0].device if leaves else torch.device("cpu")
     segs, K = check_segments(leaves, call.segments, call.num_systems, ids_on_device=not on_host)
@@ -85,7 +86,7 @@ class TorchClipping:
     kind = ("step" if op == "clip_by_max_step" else "max" if p == math.inf else
             "min" if p == -math.inf else "sum")
     with torch.no_grad():
-      batch = self.kernels.prepare(make_batch(leaves, segs, K))
+      batch = self.kernels.prepare(make_batch(leaves, segs, K, dtypes))
       if nonfinite == "zero":
         batch = sanitize(batch)
       plan = self.kernels.plan(batch, kind, p, threshold, self.certified)

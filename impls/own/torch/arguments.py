@@ -20,8 +20,8 @@ from clipbench.impls.own import validation
 from clipbench.impls.own.torch.host_read import HostRead
 from clipbench.impls.own.validation import check_nonfinite, check_norm_type
 
-__all__ = ["Threshold", "check_leaves", "check_threshold", "check_norm_type", "check_nonfinite",
-           "check_segments"]
+__all__ = ["Threshold", "check_leaves", "check_leaves_and_dtypes", "check_threshold",
+           "check_norm_type", "check_nonfinite", "check_segments"]
 
 
 @functools.cache
@@ -31,10 +31,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def check_leaves(leaves: Any) -> list[torch.Tensor]:
   """Rule 9: a list of torch tensors of float16, bfloat16, float32 or float64, one device."""
+  return check_leaves_and_dtypes(leaves)[0]
+
+
+def check_leaves_and_dtypes(leaves: Any) -> tuple[list[torch.Tensor], tuple[torch.dtype, ...]]:
+  """:func:`check_leaves`, and the leaves' dtypes, read once (a call may have 10,000 leaves,
+  and the layout reads them too: ``layout.make_batch``)."""
   if not isinstance(leaves, (list, tuple)):
     raise TypeError(f"leaves: expected a list of tensors, got {type(leaves).__name__}")
-  if _all_valid(leaves):
-    return list(leaves)
+  dtypes = _dtypes_if_all_valid(leaves)
+  if dtypes is not None:
+    return list(leaves), dtypes
   device = None
   for i, leaf in enumerate(leaves):
     if not isinstance(leaf, torch.Tensor):
@@ -44,20 +51,24 @@ def check_leaves(leaves: Any) -> list[torch.Tensor]:
       device = leaf.device
     elif leaf.device != device:
       raise ValueError(f"leaves[{i}]: on {leaf.device}, expected {device} like leaves[0]")
-  return list(leaves)
+  return list(leaves), tuple(leaf.dtype for leaf in leaves)
 
 
-def _all_valid(leaves: Sequence[Any]) -> bool:
-  """Whether every leaf passes :func:`check_leaves`, found with C-level maps over the leaves
-  (a call may have 10,000); when not, the leaf by leaf walk names the first bad one."""
+def _dtypes_if_all_valid(leaves: Sequence[Any]) -> tuple[torch.dtype, ...] | None:
+  """The leaves' dtypes if every leaf passes :func:`check_leaves`, else None, found with
+  C-level maps over the leaves (a call may have 10,000); when not, the leaf by leaf walk
+  names the first bad one."""
   if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, leaves))):
-    return False
+    return None
+  dtypes = tuple(map(operator.attrgetter("dtype"), leaves))
   try:
-    for dtype in set(map(operator.attrgetter("dtype"), leaves)):
+    for dtype in set(dtypes):
       validation.check_leaf_dtype_name(0, _dtype_name(dtype))
   except (TypeError, ValueError):
-    return False
-  return len(set(map(operator.attrgetter("device"), leaves))) <= 1
+    return None
+  if len(set(map(operator.attrgetter("device"), leaves))) > 1:
+    return None
+  return dtypes
 
 
 @dataclasses.dataclass

@@ -108,12 +108,14 @@ def _all_dims(shapes: tuple[torch.Size, ...]) -> tuple[tuple[int, ...], ...]:
 
 
 def make_batch(leaves: list[torch.Tensor], segs: list[torch.Tensor] | None,
-               num_systems: int) -> Batch:
-  """The layout of checked leaves and int64 ids (``segs`` None: one system, the global path)."""
+               num_systems: int, dtypes: tuple[torch.dtype, ...] | None = None) -> Batch:
+  """The layout of checked leaves and int64 ids (``segs`` None: one system, the global path);
+  ``dtypes``: the leaves' dtypes where the checks read them already."""
   device = leaves[0].device if leaves else torch.device("cpu")
   # C-level maps: a call may have 10,000 leaves (W4).
   shapes = tuple(map(operator.attrgetter("shape"), leaves))
-  dtypes = tuple(map(operator.attrgetter("dtype"), leaves))
+  if dtypes is None:
+    dtypes = tuple(map(operator.attrgetter("dtype"), leaves))
   return Batch(list(leaves), num_systems, device, torch.float64 in dtypes, segs is not None,
                segs=segs, shapes=shapes, dtypes=dtypes)
 

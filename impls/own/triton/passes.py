@@ -269,9 +269,10 @@ class TritonKernels(EagerKernels):
           PER_SYSTEM=batch.per_system, ALIGNED=group.table.aligned, BLOCK=APPLY_BLOCK,
           num_warps=WARPS, **_LAUNCH)
       # One split of the buffer (into the outputs and the gaps between them, if any), and a
-      # view only where a leaf is not 1-D: W4 has 10,000 leaves.
-      pieces = list(torch.split(flat, group.sizes) if group.cuts is None else
-                    torch.split(flat, group.cuts)[::2])
+      # view only where a leaf is not 1-D: W4 has 10,000 leaves. The operator itself: torch.split's
+      # Python wrapper adds a cost per piece.
+      pieces = list(torch.split_with_sizes(flat, group.sizes) if group.cuts is None else
+                    torch.split_with_sizes(flat, group.cuts)[::2])
       for j, shape in group.shaped:
         pieces[j] = pieces[j].view(shape)
       if len(pieces) == len(out):
