@@ -76,8 +76,9 @@ import torch
 import torch.distributed as dist
 
 from clipbench.impls.own.double_double import fast_two_sum, two_sum
-from clipbench.impls.own.torch.arguments import (Threshold, check_leaves, check_nonfinite,
-                                                 check_norm_type, check_segments, check_threshold)
+from clipbench.impls.own.torch.arguments import (Threshold, check_leaves_and_dtypes,
+                                                 check_nonfinite, check_norm_type,
+                                                 check_segments, check_threshold)
 from clipbench.impls.own.torch.decisions import Plan, decide
 from clipbench.impls.own.torch.eager_passes import EagerKernels
 from clipbench.impls.own.torch.host_read import HostRead
@@ -478,7 +479,7 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   kind = kind_of(op, call.norm_type)
   p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
   try:
-    checked_leaves = check_leaves([t.detach() for t in local])
+    checked_leaves, dtypes = check_leaves_and_dtypes([t.detach() for t in local])
     ids, K = check_segments(checked_leaves, segments, call.num_systems, ids_on_device=True)
     checked = check_threshold(threshold, call.threshold_name,
                               None if op == "clip_grad_norm" else K, device=device)
@@ -499,7 +500,7 @@ def clip(leaves: list[Any], call: Any, ways: list[str]):
   kernels = ReducingKernels(exchange, valid, factor_bits_vary=any(
       x.dtype != torch.float64 for x in leaves))
   with torch.no_grad():
-    batch = make_batch(checked_leaves, ids, K)
+    batch = make_batch(checked_leaves, ids, K, dtypes)
     batch.device = device
     batch.norm64 = any(x.dtype == torch.float64 for x in leaves)
     batch.per_system = segments is not None
