@@ -12,7 +12,7 @@ most 1.3x, W4 at most 2x, per-system at most 1.3x the baseline), the bandwidth o
 roofline's three passes against the card's measured copy bandwidth and datasheet peak (the
 target: Triton and ``torch.compile`` at 50% or more of the peak on the GPU-sized W7 and W8),
 and what one call dispatches on the card, counted by the profiler: kernels, memory copies and
-the device-to-host copies among them (host round trips).
+the device-to-host copies among them (host round trips), and the card's busy time in them.
 
 The GPU-sized workloads (W7, W8) run at ``--gpu-scale`` of their stated size; the others at
 their stated size. Without a CUDA device it prints one line and exits 0.
@@ -38,24 +38,36 @@ PER_SYSTEM_TARGET = 1.3
 PEAK_SHARE_TARGET = 0.5  # of the datasheet peak, Triton and torch.compile on W7 and W8
 
 
-def _dispatched(run) -> dict[str, int]:
-  """Kernels, memory copies and device-to-host copies of one call, from the profiler."""
+def _dispatched(run) -> dict[str, float]:
+  """What one call dispatches on the card, from the profiler (:func:`device_activity`)."""
   import torch
   from torch.profiler import ProfilerActivity, profile
   with profile(activities=[ProfilerActivity.CUDA]) as prof:
     run()
     torch.cuda.synchronize()
+  return device_activity(e for e in prof.events()
+                         if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def device_activity(events) -> dict[str, float]:
+  """Kernels, memory copies and the device-to-host copies among them, of the profiler's device
+  events; the microseconds the card spends in them (``device_us``) and from the first one's
+  start to the last one's end (``device_span_us``). A wall time far over the span is the
+  host's: launches, Python, round trips."""
   kernels = copies = to_host = 0
-  for event in prof.events():
-    if event.device_type != torch.autograd.DeviceType.CUDA:
-      continue
+  busy, starts, ends = 0.0, [], []
+  for event in events:
     name = event.name.lower()
     if "memcpy" in name:
       copies += 1
       to_host += "dtoh" in name or "device -> pageable" in name or "device -> pinned" in name
     elif "memset" not in name:
       kernels += 1
-  return {"kernels": kernels, "copies": copies, "to_host": to_host}
+    busy += event.time_range.elapsed_us()
+    starts.append(event.time_range.start)
+    ends.append(event.time_range.end)
+  return {"kernels": kernels, "copies": copies, "to_host": to_host, "device_us": busy,
+          "device_span_us": max(ends) - min(starts) if starts else 0.0}
 
 
 def synchronize(device: str) -> None:

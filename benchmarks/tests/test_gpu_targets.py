@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pandas as pd
 
 from clipbench.benchmarks import gpu_targets
@@ -21,3 +23,17 @@ def test_a_cpu_smoke_run_writes_ratios_against_the_peer(tmp_path):
   assert frame.loc[gpu_targets.BASELINE, "vs_peer"] == 1.0
   mine = frame.loc["clipbench.torch"]
   assert mine["median_ms"] > 0 and mine["vs_peer"] > 0 and mine["target"] == 1.3
+
+
+def _event(name, start, end):
+  return types.SimpleNamespace(name=name, time_range=types.SimpleNamespace(
+      start=start, end=end, elapsed_us=lambda: end - start))
+
+
+def test_device_activity_counts_kernels_copies_and_the_busy_time():
+  events = [_event("measure_items", 10.0, 14.0), _event("Memset (Device)", 14.0, 15.0),
+            _event("Memcpy DtoH (Device -> Pinned)", 20.0, 22.0),
+            _event("apply_items", 30.0, 33.0)]
+  assert gpu_targets.device_activity(events) == {
+      "kernels": 2, "copies": 1, "to_host": 1, "device_us": 10.0, "device_span_us": 23.0}
+  assert gpu_targets.device_activity([])["device_span_us"] == 0.0
