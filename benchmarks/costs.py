@@ -11,7 +11,8 @@ could be trusted. Counted per call, after one untimed warm-up call:
 * ``operators``: aten operators dispatched (each a kernel launch on CUDA), as
   ``TorchDispatchMode`` sees them, except those that launch no work: views (``is_view``
   overloads) and the metadata-only operators of :data:`NO_WORK`. Operators dispatched while a
-  Triton kernel runs (its interpreter's own, under ``TRITON_INTERPRET=1``) are not counted;
+  Triton kernel runs (its interpreter's own, under ``TRITON_INTERPRET=1``) are not counted,
+  nor the host's work on copies it read (``branches.on_host_copies``: a near-tie's exact sums);
 * ``views``: the views and metadata operators left out above;
 * ``launches``: Triton kernel launches (``kernel[grid](...)``);
 * ``transfers``: reads of device values on the host, each a device synchronization on CUDA:
@@ -105,12 +106,14 @@ def _dispatch_mode_class() -> type:
   # pylint: disable-next=import-outside-toplevel
   from torch.utils._python_dispatch import TorchDispatchMode
 
+  from clipbench.impls.own.torch import branches  # pylint: disable=import-outside-toplevel
+
   class _CountingMode(TorchDispatchMode):
     """Counts every aten operator dispatched while it is active."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
       counter = _ACTIVE[-1] if _ACTIVE else None
-      if counter is not None and not counter.in_kernel:
+      if counter is not None and not counter.in_kernel and not branches.host_copies_only():
         name = str(func)
         if name == SCALAR_READ or name in VALUE_SHAPED:
           counter.costs.transfers += 1
@@ -140,12 +143,14 @@ def _patched(owner: Any, name: str, wrap: Callable[[Callable], Callable]) -> Ite
 
 
 def _host_read(method: Callable, marks_result: bool) -> Callable:
-  """A Tensor method that reads values on the host, counted as one transfer per tensor read."""
+  """A Tensor method that reads values on the host, counted as one transfer per tensor read
+  (not a read of the host's own copies: :func:`clipbench.impls.own.torch.branches.on_host_copies`)."""
+  from clipbench.impls.own.torch import branches  # pylint: disable=import-outside-toplevel
 
   @functools.wraps(method)
   def counted(self, *args, **kwargs):
     counter = _ACTIVE[-1] if _ACTIVE else None
-    if counter is None or counter.in_kernel:
+    if counter is None or counter.in_kernel or branches.host_copies_only():
       return method(self, *args, **kwargs)
     if id(self) not in counter.read_on_host:
       counter.costs.transfers += 1

@@ -8,6 +8,7 @@ here changes a value: every conversion is exact, including bfloat16 and float16.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 import ml_dtypes
@@ -107,9 +108,23 @@ def block_until_ready(x: Any) -> Any:
 
 
 def _wait(x: Any, cuda_devices: set) -> None:
-  if isinstance(x, (list, tuple)):
+  torch = sys.modules.get("torch")
+  _wait_for(x, cuda_devices, torch.Tensor if torch is not None else ())
+
+
+def _wait_for(x: Any, cuda_devices: set, tensor: type | tuple) -> None:
+  # torch tensors are read directly, before the generic tests below (a failed attribute
+  # lookup each): a timed call may return 10,000 of them (W4).
+  if isinstance(x, tensor):
+    if x.is_cuda:
+      cuda_devices.add(x.device)
+  elif isinstance(x, (list, tuple)):
     for item in x:
-      _wait(item, cuda_devices)
+      if isinstance(item, tensor):
+        if item.is_cuda:
+          cuda_devices.add(item.device)
+      else:
+        _wait_for(item, cuda_devices, tensor)
   elif hasattr(x, "block_until_ready"):
     x.block_until_ready()
   elif type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False):

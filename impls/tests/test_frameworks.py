@@ -21,6 +21,16 @@ class _CudaTensor:
 _CudaTensor.__module__ = "torch.cuda_stand_in"
 
 
+class _TensorOnCuda(torch.Tensor):
+  """A torch tensor (on the CPU) that says it is on a CUDA device."""
+
+  is_cuda = True
+
+  @property
+  def device(self):
+    return "cuda:2"
+
+
 class _JaxArray:
   waited = 0
 
@@ -39,6 +49,14 @@ def test_each_cuda_device_is_synchronized_once_and_each_jax_array_waited(monkeyp
   assert sorted(synchronized) == ["cuda:0", "cuda:1"]
   synchronized.clear()
   frameworks.block_until_ready(([torch.zeros(2)] * 3, torch.zeros(())))  # CPU: nothing to wait
+  assert not synchronized
+  # torch tensors themselves, in a list (the read that spares W4 its 10,000 attribute tests).
+  frameworks.block_until_ready(([torch.zeros(2).as_subclass(_TensorOnCuda)] * 3, torch.ones(())))
+  assert synchronized == ["cuda:2"]
+  synchronized.clear()
+  frameworks.block_until_ready(torch.zeros(2).as_subclass(_TensorOnCuda))  # alone, not in a list
+  assert synchronized == ["cuda:2"]
+  synchronized.clear()
   assert not synchronized
   _JaxArray.waited = 0
   frameworks.block_until_ready([_JaxArray(), (_JaxArray(), _JaxArray())])

@@ -19,6 +19,7 @@ import torch
 
 _ACCELERATOR_BRANCHES = contextvars.ContextVar("clipbench_torch_accelerator_branches",
                                                default=False)
+_HOST_COPIES = contextvars.ContextVar("clipbench_torch_host_copies", default=False)
 
 
 def on_host(device: torch.device) -> bool:
@@ -34,3 +35,20 @@ def accelerator_branches() -> Iterator[None]:
     yield
   finally:
     _ACCELERATOR_BRANCHES.reset(token)
+
+
+@contextlib.contextmanager
+def on_host_copies() -> Iterator[None]:
+  """Marks work on the host's copies of device values (tensors a host read returned): on an
+  accelerator it dispatches nothing there and waits for nothing, so a count of what a call
+  dispatches leaves it out (:func:`host_copies_only`)."""
+  token = _HOST_COPIES.set(True)
+  try:
+    yield
+  finally:
+    _HOST_COPIES.reset(token)
+
+
+def host_copies_only() -> bool:
+  """Whether the current work is on the host's copies (inside :func:`on_host_copies`)."""
+  return _HOST_COPIES.get()

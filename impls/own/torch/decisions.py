@@ -21,6 +21,7 @@ import torch
 
 from clipbench.impls.own import validation
 from clipbench.impls.own.decision import KEEP, NAN_FILL, SCALE
+from clipbench.impls.own.torch import branches
 from clipbench.impls.own.torch.arguments import Threshold
 from clipbench.impls.own.torch.certified import Decided, decide_float32, decide_float64
 from clipbench.impls.own.torch.formats import (FMT32, FMT64, Ambiguous, Format, fraction_root,
@@ -186,8 +187,11 @@ def resolve_exactly(batch: Batch, measured: Measured, c: torch.Tensor, kind: str
     pieces = measured.pieces
     columns.update(q1=pieces.q1, q2=pieces.q2, qt=pieces.qt, rest=pieces.rest,
                    bound=pieces.bound, e=pieces.e.to(torch.float64))
-  host = dict(zip(columns, torch.stack(list(columns.values()), 1)[idx].cpu().numpy().T))
-  systems = idx.cpu().tolist()
+  # The columns and the systems' ids (exact in float64) in one host read.
+  table = torch.cat([torch.stack(list(columns.values()), 1)[idx],
+                     idx.unsqueeze(1).to(torch.float64)], 1).cpu().numpy()
+  host = dict(zip(columns, table[:, :-1].T))
+  systems = table[:, -1].astype(np.int64).tolist()
   prec = host["prec"] if "prec" in host else np.full(len(systems), batch.prec)
   request = _Request(host["c"], p, FMT64 if batch.norm64 else FMT32, prec.astype(np.int64))
   results: dict[int, tuple] = {}
@@ -224,9 +228,10 @@ def _write_back(plan: Plan, systems: list[int], results: dict[int, tuple], host:
     if clip:
       action[j], scale[j] = SCALE, float(s)
       plan.host_scale[systems[j]] = s
-  rn32, rn64 = _nearest_rounding(torch.from_numpy(scale), torch.from_numpy(host["c"]),
-                                 torch.from_numpy(host["counts"]))
-  table = np.stack([action, scale, norms, rn32.numpy(), rn64.numpy()], 1)
+  with branches.on_host_copies():  # host tensors: nothing dispatched on the device
+    rn32, rn64 = (r.numpy() for r in _nearest_rounding(
+        torch.from_numpy(scale), torch.from_numpy(host["c"]), torch.from_numpy(host["counts"])))
+  table = np.stack([action, scale, norms, rn32, rn64], 1)
   dev = plan.action.device
   values = torch.empty(table.shape, dtype=torch.float64, device=dev).copy_(
       torch.from_numpy(table))
@@ -237,8 +242,8 @@ def _write_back(plan: Plan, systems: list[int], results: dict[int, tuple], host:
       column_values = column_values != 0
     target.index_copy_(0, idx, column_values.to(target.dtype))
   scaled = action == SCALE
-  plan.rtz32 |= bool(np.any(scaled & ~rn32.numpy()))
-  plan.host64 |= bool(np.any(scaled & ~rn64.numpy()))
+  plan.rtz32 |= bool(np.any(scaled & ~rn32))
+  plan.host64 |= bool(np.any(scaled & ~rn64))
 
 
 def scales_for_host_rows(plan: Plan) -> None:

@@ -9,6 +9,7 @@ integer p, mpmath interval enclosures for non-integer p.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from fractions import Fraction
 from typing import Any, Callable, Sequence
@@ -18,6 +19,7 @@ import torch
 
 from clipbench.impls.own.exact import PowerSumTerms, enclosure_sign, magnitudes_of, power_sum
 from clipbench.impls.own.shared_enclosures import SharedEnclosures
+from clipbench.impls.own.torch import branches
 from clipbench.impls.own.torch.formats import fraction_root, sign
 from clipbench.impls.own.torch.floats import pow2
 from clipbench.impls.own.torch.layout import Batch, gather
@@ -172,29 +174,88 @@ def exact_power_sums(values: torch.Tensor, group: torch.Tensor, num_groups: int,
   return out
 
 
+# The most values of open systems read to the host for their exact sums (8 MiB of float64): a
+# few systems' elements; a giant system's are summed where they lie.
+HOST_VALUES = 1 << 20
+
+
 def gather_values(batch: Batch, systems: Sequence[int],
                   vectors: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-  """Per leaf: the elements (or step vectors) of ``systems`` and their index in ``systems``."""
-  K = batch.num_systems
-  lookup = torch.full((K,), -1, dtype=torch.int64, device=batch.device)
-  lookup[torch.as_tensor(list(systems), dtype=torch.int64, device=batch.device)] = torch.arange(
-      len(systems), device=batch.device)
+  """Per leaf: the elements (or step vectors) of ``systems`` and their index in ``systems``.
+
+  A leaf whose ids are sorted (systems laid out one after another, as batched relaxations lay
+  them out) gives each system's rows as one run, found by binary search: no pass over its
+  rows but one read of its ids for the order, with one host read for every leaf's runs and
+  order together. A leaf whose ids are not sorted is read whole (its ids looked up, and the
+  rows that hold a system found: one host read more)."""
+  K, dev = batch.num_systems, batch.device
+  wanted = torch.as_tensor(list(systems), dtype=torch.int64, device=dev)
+  leaves = [leaf for leaf in batch.leaves
+            if leaf.numel and not (vectors and leaf.vec == 0)]
+  searched = [leaf for leaf in leaves if leaf.seg is not None]
+  n = len(systems)
+  runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+  if searched and n:
+    located = torch.stack([_runs_and_order(leaf.seg.contiguous(), wanted)
+                           for leaf in searched]).cpu().numpy()
+    runs = {id(leaf): (row[:n], row[n:2 * n]) for leaf, row in zip(searched, located)
+            if row[2 * n]}
+  lookup = None
   out = []
-  for leaf in batch.leaves:
-    if leaf.numel == 0 or (vectors and leaf.vec == 0):
-      continue
+  for leaf in leaves:
     m = leaf.matrix()
-    g = torch.zeros(leaf.rows, dtype=torch.int64, device=m.device) if leaf.seg is None else \
-        gather(lookup, leaf.seg)
-    rows = torch.nonzero(g >= 0).squeeze(1)
-    if rows.numel() == 0:
-      continue
+    if leaf.seg is None:  # every row is system 0's
+      if 0 not in systems:
+        continue
+      rows = torch.arange(leaf.rows, device=dev)
+      owner = torch.full((leaf.rows,), list(systems).index(0), dtype=torch.int64, device=dev)
+    elif id(leaf) in runs:
+      lo, hi = runs[id(leaf)]
+      if not (hi - lo).any():
+        continue
+      rows = torch.from_numpy(np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])).to(dev)
+      owner = torch.from_numpy(np.repeat(np.arange(n), hi - lo)).to(dev)
+    else:
+      if lookup is None:
+        lookup = torch.full((K,), -1, dtype=torch.int64, device=dev)
+        lookup[wanted] = torch.arange(n, device=dev)
+      g = gather(lookup, leaf.seg)
+      rows = torch.nonzero(g >= 0).squeeze(1)
+      if rows.numel() == 0:
+        continue
+      owner = g[rows]
     vals = m[rows].to(torch.float64)
     per = leaf.vec if vectors else 1
     vals = vals.reshape(-1, per) if vectors else vals.reshape(-1)
-    count = leaf.width // per
-    out.append((vals, g[rows].repeat_interleave(count)))
+    out.append((vals, owner.repeat_interleave(leaf.width // per)))
   return out
+
+
+def _runs_and_order(ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+  """Where each wanted id's run would start and end in ``ids``, and 1 if ``ids`` is sorted
+  (only then are those the runs), as one int64 vector."""
+  return torch.cat([torch.searchsorted(ids, wanted), torch.searchsorted(ids, wanted, right=True),
+                    torch.all(ids[1:] >= ids[:-1]).reshape(1).to(torch.int64)])
+
+
+def on_host_if_small(parts: list[tuple[torch.Tensor, torch.Tensor]], limit: int = HOST_VALUES
+                     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], bool]:
+  """``parts`` (:func:`gather_values`) read to the host in one read when they hold at most
+  ``limit`` values, and whether they were: the exact sums of a few systems' elements then run
+  there (inside :func:`.branches.on_host_copies`) with no more round trips. A larger gather (a
+  near-tie in a giant system) stays where it is, as do parts already on the host."""
+  if not parts or branches.on_host(parts[0][0].device) or \
+      sum(v.numel() for v, _ in parts) > limit:
+    return parts, False
+  flat = torch.cat([torch.cat([v.reshape(-1), g.to(torch.float64)]) for v, g in parts]).cpu()
+  out, start = [], 0
+  with branches.on_host_copies():
+    for v, g in parts:
+      values = flat[start:start + v.numel()].reshape(v.shape)
+      start += v.numel()
+      out.append((values, flat[start:start + g.numel()].to(torch.int64)))
+      start += g.numel()
+  return out, True
 
 
 def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int]) -> dict[int, Any]:
@@ -206,28 +267,38 @@ def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int]) -> dict
     return {}
   if kind == "step":
     return _step_oracles(batch, systems)
-  parts = gather_values(batch, systems)
+  parts, read = on_host_if_small(gather_values(batch, systems))
   if p in (1.0, 2.0):
     if parts:
-      values = torch.cat([v for v, _ in parts])
-      group = torch.cat([g for _, g in parts])
-      sums = exact_power_sums(values, group, len(systems), int(p))
+      with branches.on_host_copies() if read else contextlib.nullcontext():
+        values = torch.cat([v for v, _ in parts])
+        group = torch.cat([g for _, g in parts])
+        sums = exact_power_sums(values, group, len(systems), int(p))
     else:
       sums = [Fraction(0)] * len(systems)
     return {k: SumOracle(sums[i], int(p)) for i, k in enumerate(systems)}
-  values = np.concatenate([v.cpu().numpy() for v, _ in parts]) if parts else np.zeros(0)
-  group = np.concatenate([g.cpu().numpy() for _, g in parts]) if parts else np.zeros(0, int)
+  with branches.on_host_copies() if read else contextlib.nullcontext():
+    values = np.concatenate([v.cpu().numpy() for v, _ in parts]) if parts else np.zeros(0)
+    group = np.concatenate([g.cpu().numpy() for _, g in parts]) if parts else np.zeros(0, int)
   return {k: PowerOracle(values[group == i], p) for i, k in enumerate(systems)}
 
 
 def _step_oracles(batch: Batch, systems: list[int]) -> dict[int, Any]:
-  parts = gather_values(batch, systems, vectors=True)
+  parts, read = on_host_if_small(gather_values(batch, systems, vectors=True))
+  with branches.on_host_copies() if read else contextlib.nullcontext():
+    return _largest_step_sums(parts, systems)
+
+
+def _largest_step_sums(parts: list[tuple[torch.Tensor, torch.Tensor]],
+                       systems: list[int]) -> dict[int, Any]:
+  """Each system's exact largest step norm, as a sum-of-squares oracle."""
   best = {k: Fraction(0) for k in systems}
   if parts:
     # Candidates: vectors whose float64 sum of squares is close to their system's largest.
     vals = [v for v, _ in parts]
     groups = [g for _, g in parts]
-    big = torch.zeros(len(systems), dtype=torch.float64, device=batch.device)
+    dev = vals[0].device
+    big = torch.zeros(len(systems), dtype=torch.float64, device=dev)
     for v, g in zip(vals, groups):
       big.scatter_reduce_(0, g, v.abs().amax(1), "amax")
     e = scale_exponents(big)
@@ -235,7 +306,7 @@ def _step_oracles(batch: Batch, systems: list[int]) -> dict[int, Any]:
     a, b = pow2(half), pow2(-e - half)  # a * b = 2**-e, each a normal float
     approx = [((v * a[g].unsqueeze(1) * b[g].unsqueeze(1)) ** 2).sum(1)
               for v, g in zip(vals, groups)]
-    top = torch.zeros(len(systems), dtype=torch.float64, device=batch.device)
+    top = torch.zeros(len(systems), dtype=torch.float64, device=dev)
     for a, g in zip(approx, groups):
       top.scatter_reduce_(0, g, a, "amax")
     flat_vals, flat_ids, cand_group, offset = [], [], [], 0
