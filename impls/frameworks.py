@@ -99,17 +99,13 @@ def block_until_ready(x: Any) -> Any:
   10,000 tensors), on both sides of every comparison.
   """
   cuda_devices: set = set()
-  _wait(x, cuda_devices)
+  loaded = sys.modules.get("torch")  # a result holds torch tensors only where torch is loaded
+  _wait_for(x, cuda_devices, loaded.Tensor if loaded is not None else ())
   if cuda_devices:
     import torch
     for device in cuda_devices:
       torch.cuda.synchronize(device)
   return x
-
-
-def _wait(x: Any, cuda_devices: set) -> None:
-  torch = sys.modules.get("torch")
-  _wait_for(x, cuda_devices, torch.Tensor if torch is not None else ())
 
 
 def _wait_for(x: Any, cuda_devices: set, tensor: type | tuple) -> None:

@@ -38,10 +38,14 @@ def accelerator_branches() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def on_host_copies() -> Iterator[None]:
+def on_host_copies(copies: bool = True) -> Iterator[None]:
   """Marks work on the host's copies of device values (tensors a host read returned): on an
   accelerator it dispatches nothing there and waits for nothing, so a count of what a call
-  dispatches leaves it out (:func:`host_copies_only`)."""
+  dispatches leaves it out (:func:`host_copies_only`). ``copies=False``: the work is on the
+  device's own tensors, counted as usual."""
+  if not copies:
+    yield
+    return
   token = _HOST_COPIES.set(True)
   try:
     yield

@@ -9,7 +9,6 @@ integer p, mpmath interval enclosures for non-integer p.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from fractions import Fraction
 from typing import Any, Callable, Sequence
@@ -270,14 +269,14 @@ def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int]) -> dict
   parts, read = on_host_if_small(gather_values(batch, systems))
   if p in (1.0, 2.0):
     if parts:
-      with branches.on_host_copies() if read else contextlib.nullcontext():
+      with branches.on_host_copies(read):
         values = torch.cat([v for v, _ in parts])
         group = torch.cat([g for _, g in parts])
         sums = exact_power_sums(values, group, len(systems), int(p))
     else:
       sums = [Fraction(0)] * len(systems)
     return {k: SumOracle(sums[i], int(p)) for i, k in enumerate(systems)}
-  with branches.on_host_copies() if read else contextlib.nullcontext():
+  with branches.on_host_copies(read):
     values = np.concatenate([v.cpu().numpy() for v, _ in parts]) if parts else np.zeros(0)
     group = np.concatenate([g.cpu().numpy() for _, g in parts]) if parts else np.zeros(0, int)
   return {k: PowerOracle(values[group == i], p) for i, k in enumerate(systems)}
@@ -285,7 +284,7 @@ def exact_oracles(batch: Batch, kind: str, p: float, systems: list[int]) -> dict
 
 def _step_oracles(batch: Batch, systems: list[int]) -> dict[int, Any]:
   parts, read = on_host_if_small(gather_values(batch, systems, vectors=True))
-  with branches.on_host_copies() if read else contextlib.nullcontext():
+  with branches.on_host_copies(read):
     return _largest_step_sums(parts, systems)
 
 
