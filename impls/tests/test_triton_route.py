@@ -29,7 +29,7 @@ from clipbench.impls.own.torch.certified import (decide_float32, decide_float64,
                                                   exact_value_pieces)
 from clipbench.impls.own.torch.floats import U64, gamma  # noqa: E402
 from clipbench.impls.own.torch.measure import _around  # noqa: E402
-from clipbench.impls.own.triton.kernels import _sum_runs  # noqa: E402
+from clipbench.impls.own.triton.kernels import _sum_runs_compensated  # noqa: E402
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -77,7 +77,7 @@ def test_triton_bits_equal_the_eager_cuda_route_bits(dtype):
     assert [_bits(x) for x in got[0] + [got[1]]] == [_bits(x) for x in want[0] + [want[1]]]
 
 
-def _run_decision_kernel(K, kind, p, regions, threshold, norm64=False, depth=None):
+def _run_decision_kernel(K, kind, p, regions, threshold, norm64=False, unit_roundings=0):
   """The decision kernel on measured values written straight into a scratch buffer."""
   from clipbench.impls.own.triton import decision_kernel as dk
   from clipbench.impls.own.triton import passes, scratch as S
@@ -86,7 +86,7 @@ def _run_decision_kernel(K, kind, p, regions, threshold, norm64=False, depth=Non
     scratch.region(index, values.dtype).copy_(values)
   dk.decide_systems[(passes.triton_cdiv(K, passes.DECIDE_BLOCK),)](
       scratch.buffer, scratch.base, K, 1, 0, 0, threshold, 0, passes._bits(p),
-      passes._bits(0.0), passes._bits(0.0), KIND=kind, P=int(p) if p in (1.0, 2.0) else 1,
+      passes._bits(float(unit_roundings)), passes._bits(0.0), KIND=kind, P=int(p) if p in (1.0, 2.0) else 1,
       PER_SYSTEM=True, NORM64=norm64, PREC=53 if norm64 else 24, THRESHOLD=1,
       CHECK_THRESHOLD=False, CERTIFIED=True, HAS32=True, HAS64=norm64,
       BLOCK=passes.DECIDE_BLOCK, **passes._LAUNCH)
@@ -114,14 +114,19 @@ def test_decision_kernel_decides_float32_norms_as_the_operators_do(p):
   norms, c = _near_ties(rng, K)
   total = torch.tensor(norms ** p)
   counts = torch.tensor(rng.integers(1, 10 ** 6, K).astype(np.float64))
+  # Runs: as many as the elements (ids in no order), or a few (sorted ids, long tiles).
+  runs = torch.where(torch.tensor(rng.integers(0, 2, K)) == 0, counts,
+                     torch.tensor(rng.integers(1, 20, K).astype(np.float64)))
   counts[:50] = 0.0  # empty systems
+  runs[:50] = 0.0
   total[:50] = 0.0
   total[50:60] = math.nan
   total[60:70] = math.inf
   c_t = torch.tensor(c)
   action, scale, norm, open_ = _run_decision_kernel(
-      K, dk.SUM, p, {S.SUMS: total, S.COUNT: counts}, c_t)
-  depth = counts + 1 + 2
+      K, dk.SUM, p, {S.SUMS: total, S.COUNT: counts, S.RUNS: runs.to(torch.int64)}, c_t,
+      unit_roundings=3)
+  depth = torch.minimum(counts + 1 + 2, runs + 3 + 2)
   mid = torch.sqrt(total) if p == 2 else total
   rel = gamma(depth) * (0.5001 if p == 2 else 1.0001) + 4 * U64
   lo, mid, hi = _around(mid, rel)
@@ -156,16 +161,28 @@ def test_decision_kernel_decides_float64_norms_as_the_operators_do():
 
 @triton.jit
 def _runs_both_ways(flags, values, out, N: tl.constexpr):
-  """Three elements' run totals combined as (x + y) + z and as x + (y + z)."""
+  """Three elements' run totals (h, l) combined as (x + y) + z and as x + (y + z)."""
   i = tl.arange(0, N)
   f, v = tl.load(flags + i), tl.load(values + i)
   g, w = tl.load(flags + N + i), tl.load(values + N + i)
   h, x = tl.load(flags + 2 * N + i), tl.load(values + 2 * N + i)
-  f1, a1, _ = _sum_runs(*_sum_runs(f, v, v, g, w, w), h, x, x)
-  f2, a2, _ = _sum_runs(f, v, v, *_sum_runs(g, w, w, h, x, x))
-  tl.store(out + i, a1)
-  tl.store(out + N + i, a2)
-  tl.store(out + 2 * N + i, (f1 - f2).to(tl.float64))
+  zero = tl.zeros_like(v)
+  f1, h1, l1, _ = _sum_runs_compensated(*_sum_runs_compensated(f, v, zero, v, g, w, zero, w),
+                                        h, x, zero, x)
+  f2, h2, l2, _ = _sum_runs_compensated(f, v, zero, v,
+                                        *_sum_runs_compensated(g, w, zero, w, h, x, zero, x))
+  tl.store(out + i, h1)
+  tl.store(out + N + i, l1)
+  tl.store(out + 2 * N + i, h2)
+  tl.store(out + 3 * N + i, l2)
+  tl.store(out + 4 * N + i, (f1 - f2).to(tl.float64))
+
+
+def _both_ways(flags, values):
+  n = flags.numel() // 3
+  out = torch.empty(5 * n, dtype=torch.float64)
+  _runs_both_ways[(1,)](flags, values, out, N=n)
+  return out.view(5, n)
 
 
 def test_run_scans_are_associative_whatever_the_runs():
@@ -176,10 +193,32 @@ def test_run_scans_are_associative_whatever_the_runs():
   n = 64
   flags = torch.tensor(rng.integers(0, 2, 3 * n), dtype=torch.int32)
   values = torch.tensor(rng.integers(1, 100, 3 * n).astype(np.float64))
-  out = torch.empty(3 * n, dtype=torch.float64)
-  _runs_both_ways[(1,)](flags, values, out, N=n)
-  assert torch.equal(out[:n], out[n:2 * n])
-  assert not out[2 * n:].any()
+  h1, l1, h2, l2, flag_diff = _both_ways(flags, values)
+  assert torch.equal(h1, h2) and not l1.any() and not l2.any()  # small integers: exact sums
+  assert not flag_diff.any()
+
+
+def test_run_totals_keep_the_rounding_errors_either_way():
+  # Terms of every magnitude in one run: a plain float64 sum loses low bits, h + l keeps them
+  # to within far less than one unit of 2**-53 of the exact total (the bound the decision
+  # kernel takes for a run); and non-finite terms give a non-finite total, not NaN for inf.
+  from fractions import Fraction
+  rng = np.random.default_rng(37)
+  n = 64
+  values = torch.tensor(np.ldexp(rng.uniform(1, 2, 3 * n), rng.integers(-60, 60, 3 * n)))
+  h1, l1, h2, l2, _ = _both_ways(torch.zeros(3 * n, dtype=torch.int32), values)
+  exact = [sum(Fraction(float(values[j * n + i])) for j in range(3)) for i in range(n)]
+  lost = 0
+  for h, l in ((h1, l1), (h2, l2)):
+    for i in range(n):
+      assert abs(Fraction(float(h[i])) + Fraction(float(l[i])) - exact[i]) <= exact[i] * 2.0 ** -100
+      lost += Fraction(float(h[i])) != exact[i]
+  assert lost > n  # most plain sums were inexact: the error terms carried something
+  values[:3] = torch.tensor([math.inf, 1.0, 2.0])
+  values[n + 1], values[2 * n + 2] = math.inf, math.nan
+  h1, l1, h2, l2, _ = _both_ways(torch.zeros(3 * n, dtype=torch.int32), values)
+  assert (h1[:2] + l1[:2]).tolist() == [math.inf] * 2 == (h2[:2] + l2[:2]).tolist()
+  assert math.isnan(h1[2] + l1[2]) and math.isnan(h2[2] + l2[2])
 
 
 def test_full_tiles_tails_items_and_unaligned_leaves_give_the_eager_bits(monkeypatch):
@@ -298,3 +337,61 @@ def test_a_cached_layout_serves_the_same_addresses_and_only_those(monkeypatch):
   check(strided)
   check(leaves_of(3, torch.float16))
   assert len(built) >= 2
+
+
+def _four_squares(n: int) -> list[int]:
+  """Four integers whose squares sum to ``n``."""
+  for a in range(math.isqrt(n), -1, -1):
+    for b in range(math.isqrt(n - a * a), -1, -1):
+      rest = n - a * a - b * b
+      for c in range(math.isqrt(rest), -1, -1):
+        d = math.isqrt(rest - c * c)
+        if c * c + d * d == rest:
+          return [a, b, c, d]
+  raise AssertionError(n)
+
+
+def test_norms_near_a_rounding_midpoint_are_decided_by_the_runs_not_the_elements(monkeypatch):
+  # Each system's norm sits 2**-44 (relative) above a float32 midpoint m = 2k + 1: squares of
+  # 2k, four integers summing to 4k + 1, and 64 ones. 1,400 zero rows give each system 4,000
+  # elements more, whose count alone (gamma(4,200) ~ 2**-42) could not decide the rounding;
+  # the compensated runs (a dozen tiles each) do. A norm exactly on its midpoint stays open
+  # (the exact path rounds it to even), one 2**-50 off may go either way: the eager bits.
+  from clipbench.impls.own.triton import implementation as triton_impl, passes, scratch as S
+  rng = np.random.default_rng(38)
+  ones_of = [64, 64, 0, 1]
+  rows, ids, mids = [], [], []
+  for system, ones in enumerate(ones_of):
+    k = int(rng.integers(1 << 23, 1 << 24))
+    mids.append(2 * k + 1)
+    a, b, c, d = _four_squares(4 * k + 1)
+    mine = [[2 * k, a, b], [c, d, 0]] + [[1, 1, 1]] * (ones // 3) + [[1, 0, 0]] * (ones % 3)
+    mine += [[0, 0, 0]] * 1400
+    rows += mine
+    ids += [system] * len(mine)
+  leaves = [torch.tensor(rows, dtype=torch.float32)]
+  kwargs = {"segments": [torch.tensor(ids)], "num_systems": len(ones_of)}
+  threshold = np.array(mids, np.float64) / 3
+  opened, runs = [], []
+  resolve = passes.TritonKernels._resolve
+
+  def recorded(self, scratch, *args):
+    opened.append((scratch.region(S.OPEN) != 0).tolist())
+    runs.append(scratch.region(S.RUNS).tolist())
+    return resolve(self, scratch, *args)
+
+  monkeypatch.setattr(passes.TritonKernels, "_resolve", recorded)
+  with branches.accelerator_branches():
+    ref_outs, ref_norm = eager.clip_by_global_norm(leaves, threshold, **kwargs)
+  outs, norm = triton_impl.clip_by_global_norm(leaves, threshold, **kwargs)
+  assert _bits(norm) == _bits(ref_norm)
+  assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs]
+  # Above its midpoint a norm rounds up; on it, to the even neighbour of 2k and 2k + 2.
+  on_midpoint = mids[2] - 1 if (mids[2] // 2) % 2 == 0 else mids[2] + 1
+  assert norm.tolist()[:3] == [mids[0] + 1, mids[1] + 1, on_midpoint]
+  assert len(opened) == 1 and opened[0][:3] == [False, False, True]
+  # Rows are the units (tiles of SYSTEM_BLOCK // 4 of them): a run per tile a system touches.
+  tile = passes.SYSTEM_BLOCK // 4
+  starts = np.searchsorted(ids, np.arange(len(ones_of)))
+  ends = np.append(starts[1:], len(ids))
+  assert runs[0] == ((ends - 1) // tile - starts // tile + 1).tolist()

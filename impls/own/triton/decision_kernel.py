@@ -41,7 +41,8 @@ if triton is not None:
   STEP24 = tl.constexpr(1 << 29)
   R_SUMS, R_BIG, R_SMALL, R_COUNT, R_LOW = (tl.constexpr(v) for v in (
       S.SUMS, S.BIG, S.SMALL, S.COUNT, S.LOW))
-  R_Q1, R_Q2, R_QT, R_REST = (tl.constexpr(v) for v in (S.Q1, S.Q2, S.QT, S.REST))
+  R_Q1, R_Q2, R_QT, R_REST, R_RUNS = (tl.constexpr(v) for v in (
+      S.Q1, S.Q2, S.QT, S.REST, S.RUNS))
   R_BOUND, R_E, R_VALUE, R_ACTION, R_SCALE, R_NORM, R_RN32, R_RN64, R_OPEN = (
       tl.constexpr(v) for v in (S.BOUND, S.E, S.VALUE, S.ACTION, S.SCALE, S.NORM, S.RN32,
                                 S.RN64, S.OPEN))
@@ -242,8 +243,10 @@ if triton is not None:
 
     ``THRESHOLD``: 0 one value given as float64 bits (``thr_bits``), 1 one value per system
     at ``thr``, 2 one value at ``thr``. ``PREC`` the factor bits, 24 or 53, or 0: per system
-    (24 where the system holds a 16/32-bit element). ``depth_bits``: a one-system sum's
-    depth (float64 bits); ``rel_bits``: the step norms' relative error.
+    (24 where the system holds a 16/32-bit element). ``depth_bits`` (float64 bits): a
+    one-system sum's depth, or per system the roundings a unit's sum makes before the scan
+    (:func:`clipbench.impls.own.triton.passes._unit_roundings`); ``rel_bits``: the step norms'
+    relative error.
     """
     pid = tl.program_id(0)
     k = pid * BLOCK + tl.arange(0, BLOCK)
@@ -262,12 +265,19 @@ if triton is not None:
       first = tl.min(tl.where(bad, k, K), axis=0)
       tl.atomic_max(scratch + W_BAD, K - first, mask=first < K)
       c = tl.where(bad, 0.0, c)
+    depth_arg = tl.cast(depth_bits, tl.int64).to(tl.float64, bitcast=True)
     if PER_SYSTEM:
       counts = tl.load(fp + base + R_COUNT * K + k, mask=mk, other=0.0)
       depth = counts + n_leaves + 2
+      if KIND == _SUM:
+        # Along any path of a system's sum: a unit's roundings, its run's two-sum total
+        # rounded once (the compensation leaves far below one unit), one rounding per further
+        # run (atomic); and one to spare. Both bounds hold: the smaller is taken.
+        runs = tl.load(scratch + base + R_RUNS * K + k, mask=mk, other=0).to(tl.float64)
+        depth = tl.minimum(depth, runs + depth_arg + 2)
     else:
       counts = zero + n_total
-      depth = tl.cast(depth_bits, tl.int64).to(tl.float64, bitcast=True) + zero
+      depth = depth_arg + zero
     if KIND != _SUM and KIND != _STEP:
       big = tl.load(scratch + base + R_BIG * K + k, mask=mk, other=0).to(tl.float64,
                                                                           bitcast=True)

@@ -5,9 +5,14 @@ decisions need into the call's scratch buffer (:mod:`.scratch`); ``apply_items``
 outputs from the decisions. Per system, a program reduces each tile of its item with a
 segmented scan (runs of equal system ids) and adds each run's total into its system with one
 atomic operation: float64 sums of nonnegative terms in any order stay within the certified
-bound (gamma of the system's element count), the extracted float64 pieces are exact in any
-order, and maxima are order-free, so no output bit depends on the order the atomics land in
-(the canonical definitions of :mod:`clipbench.impls.own.torch`). One system (no ids): each
+bound, the extracted float64 pieces are exact in any order, and maxima are order-free, so no
+output bit depends on the order the atomics land in (the canonical definitions of
+:mod:`clipbench.impls.own.torch`). The power sums' scan carries each run's rounding errors
+(error-free additions), so a system's sum is within ``gamma(runs + unit additions + 2)`` of
+its exact value whatever the scan's tree, where ``gamma`` of its element count is all an
+uncompensated scan allows; the atomics count the runs. On W8's 1,000,000 systems (about 320
+elements, 3 runs each) the intervals are some 18 times narrower, and none is left open for
+the exact path, where the element count left 3 (``docs/gpu.md``, section 13). One system (no ids): each
 program writes its item's partials to a slot of its own, reduced in item order by the
 decision kernel.
 
@@ -43,7 +48,8 @@ if triton is not None:
   # Region indices (see scratch.py): tl.constexpr copies for the kernels.
   R_SUMS, R_BIG, R_SMALL, R_COUNT, R_LOW = (tl.constexpr(v) for v in (
       S.SUMS, S.BIG, S.SMALL, S.COUNT, S.LOW))
-  R_Q1, R_Q2, R_QT, R_REST = (tl.constexpr(v) for v in (S.Q1, S.Q2, S.QT, S.REST))
+  R_Q1, R_Q2, R_QT, R_REST, R_RUNS = (tl.constexpr(v) for v in (
+      S.Q1, S.Q2, S.QT, S.REST, S.RUNS))
   R_ACTION, R_SCALE, R_RN32, R_RN64 = (tl.constexpr(v) for v in (
       S.ACTION, S.SCALE, S.RN32, S.RN64))
   PART_WORDS = tl.constexpr(S.PART_WORDS)
@@ -68,12 +74,22 @@ if triton is not None:
 
   # Segmented scans: ``f`` flags the first unit of a run (a new system id, or the tile's first
   # unit). (f1, v1) + (f2, v2) = (f1 | f2, v2 if f2 else v1 + v2) is associative whatever the
-  # flags, so a parallel scan gives each unit the total of its run up to it; comparing ids
-  # instead (v1 + v2 when k1 == k2) is not, when a tile holds a system's units in two runs.
+  # flags (its float additions up to rounding, which the bounds take for any tree), so a
+  # parallel scan gives each unit the total of its run up to it; comparing ids instead
+  # (v1 + v2 when k1 == k2) is not, when a tile holds a system's units in two runs.
   @triton.jit
-  def _sum_runs(f1, a1, n1, f2, a2, n2):
+  def _sum_runs_compensated(f1, h1, l1, n1, f2, h2, l2, n2):
+    """A run's total as ``h + l``: ``h`` its float64 sum, ``l`` the sum of the additions'
+    rounding errors (Knuth's error-free two-sum), so that ``h + l`` is within about
+    ``(units * 2**-53)**2`` of the exact total whatever tree the scan combines in, and ``n``
+    its units. An infinite or NaN ``h`` carries no error term."""
     cut = f2 != 0
-    return f1 | f2, tl.where(cut, a2, a1 + a2), tl.where(cut, n2, n1 + n2)
+    s = h1 + h2
+    back = s - h1
+    err = (h1 - (s - back)) + (h2 - back)
+    err = tl.where(tl.abs(s) < float("inf"), err, 0.0)
+    return (f1 | f2, tl.where(cut, h2, s), tl.where(cut, l2, (l1 + l2) + err),
+            tl.where(cut, n2, n1 + n2))
 
   @triton.jit
   def _max_runs(f1, a1, b1, n1, f2, a2, b2, n2):
@@ -277,9 +293,11 @@ if triton is not None:
           tl.atomic_add(f64 + base + R_REST * K + key, d_run, mask=end)
           n_run = ones
         else:
-          _, a_run, n_run = tl.associative_scan((first, tl.where(valid, term, 0.0), ones), 0,
-                                                _sum_runs)
-          tl.atomic_add(f64 + base + R_SUMS * K + key, a_run, mask=end)
+          terms = tl.where(valid, term, 0.0)
+          _, h_run, l_run, n_run = tl.associative_scan((first, terms, tl.zeros_like(terms), ones),
+                                                       0, _sum_runs_compensated)
+          tl.atomic_add(f64 + base + R_SUMS * K + key, h_run + l_run, mask=end)
+          tl.atomic_add(scratch + base + R_RUNS * K + key, tl.full([BLOCK], 1, tl.int64), mask=end)
         if COUNTS:
           tl.atomic_add(f64 + base + R_COUNT * K + key, n_run.to(tl.float64), mask=end)
         if FLAG_LOW:

@@ -139,8 +139,8 @@ class TritonKernels(EagerKernels):
         self._measure(scratch, groups, batch, layout.numel, kernels.POWERS, p=p, counts=False, low=False)
         decide_kind = dk.POWER
     self._check_ids_of_empty_leaves(scratch, batch, layout)
-    self._decide(scratch, batch, layout, threshold, decide_kind, p, items,
-                 _depth(groups, per_system), certified, low)
+    depth = _unit_roundings(groups) if per_system else _depth(groups) + len(batch.tensors) + 8
+    self._decide(scratch, batch, layout, threshold, decide_kind, p, items, depth, certified, low)
     plan = self._read(scratch, batch, threshold, kind, p, certified)
     plan.layout = layout
     return plan
@@ -172,8 +172,9 @@ class TritonKernels(EagerKernels):
   def _decide(self, scratch: Scratch, batch: Batch, layout: layouts.Layout,
               threshold: Threshold, decide_kind: int, p: float, items: int, depth: int,
               certified: bool, low: bool) -> None:
-    """One launch: every system's decisions, the plan and the summary. ``depth`` bounds the
-    additions along any path of a system's float64 sums (``_depth``)."""
+    """One launch: every system's decisions, the plan and the summary. ``depth``: for one
+    system, the additions along any path of its float64 sums (``_depth``); per system, the
+    roundings of a unit's sum (``_unit_roundings``)."""
     K = batch.num_systems
     if threshold.tensor is not None:
       thr, thr_bits = threshold.tensor, 0
@@ -183,7 +184,6 @@ class TritonKernels(EagerKernels):
     else:
       thr, thr_bits, mode = threshold.on(batch.device), 0, 1
     rel = gamma(layout.longest + 1) * 0.5001 + 4 * U64
-    depth += len(batch.tensors) + 8
     dtypes = layout.dtypes
     prec = (0 if batch.per_system else 24) if batch.norm64 and low else (
         53 if batch.norm64 else 24)
@@ -299,16 +299,22 @@ def _tile(per_system: bool) -> int:
   return SYSTEM_BLOCK if per_system else BLOCK
 
 
-def _depth(groups, per_system: bool) -> int:
-  """A bound on the float64 additions along any path of a system's sum, before the leaves'
-  and the decision's own: a row's sum (rows as units), a tile's scan or lane sums (at most a
-  tile), one atomic (per system) or one lane addition (one system) per tile the call holds,
-  and the decision kernel's sum of the items' partials (along its lanes, then across them)."""
-  tile = _tile(per_system)
+def _depth(groups) -> int:
+  """A bound on the float64 additions along any path of a one-system sum, before the leaves'
+  and the decision's own: a row's sum (rows as units), a tile's lane sums (at most a tile),
+  one lane addition per tile the call holds, and the decision kernel's sum of the items'
+  partials (along its lanes, then across them)."""
   row = max((vec for (_, vec), _ in groups), default=1)
-  tiles = sum(table.units // max(1, tile // vec) + table.items for (_, vec), table in groups)
+  tiles = sum(table.units // max(1, BLOCK // vec) + table.items for (_, vec), table in groups)
   items = sum(table.items for _, table in groups)
-  return row + tile + tiles + items + DECIDE_BLOCK
+  return row + BLOCK + tiles + items + DECIDE_BLOCK
+
+
+def _unit_roundings(groups) -> int:
+  """The roundings along any path of a unit's float64 sum in a per-system pass: a row read
+  ``vec`` elements at a time holds at most ``vec`` of them (``Layout.groups``), and a sum of
+  n nonzero terms rounds at most n - 1 times whatever its tree; an element is its own unit."""
+  return max((vec - 1 for (_, vec), _ in groups), default=0)
 
 
 def _has_elements(batch: Batch) -> bool:

@@ -20,13 +20,13 @@ OPEN_COUNT, RTZ32, HOST64, BAD_THRESHOLD, SINGLE = 0, 1, 2, 3, 4  # summary word
 LEAF_WORDS = 8  # the first leaf's two words
 # Accumulators (zeroed): power sums (or the largest step's sum of squares, as bits), the bits
 # of max |x|, INF_BITS minus the bits of min |x|, element counts, "holds a 16/32-bit element",
-# the float64 pieces.
-SUMS, BIG, SMALL, COUNT, LOW, Q1, Q2, QT, REST = range(9)
-ZEROED = 9
+# the float64 pieces, and how many atomic additions a system's power sum received (its runs).
+SUMS, BIG, SMALL, COUNT, LOW, Q1, Q2, QT, REST, RUNS = range(10)
+ZEROED = 10
 # Written by the decision kernel: the float64 bound and exponent of the pieces, the exact
 # max/min |x| (for the host's exact path), then the plan.
-BOUND, E, VALUE, ACTION, SCALE, NORM, RN32, RN64, OPEN = range(9, 18)
-PARTS = 18
+BOUND, E, VALUE, ACTION, SCALE, NORM, RN32, RN64, OPEN = range(10, 19)
+PARTS = 19
 PART_WORDS = 4
 
 
