@@ -4,7 +4,9 @@
 tensor operations (:mod:`clipbench.impls.own.torch.measure` for the intervals,
 :mod:`clipbench.impls.own.torch.certified` for the decisions, the plan's assembly in
 :mod:`clipbench.impls.own.torch.decisions`), statement for statement, so that both reach the
-same decisions (a test holds them to the same bits). It writes the plan into the scratch
+same decisions (a test holds them to the same bits). One difference: a per-system power sum's
+depth may count its runs rather than its elements, as the Triton scan keeps its rounding
+errors (:mod:`.kernels`); the eager route's ``index_add_`` cannot. It writes the plan into the scratch
 buffer and the call's summary (:mod:`.scratch`), which the host reads once.
 
 Every float64 constant is built as float64 (``f64``): a Python float in a Triton expression
