@@ -395,3 +395,28 @@ def test_norms_near_a_rounding_midpoint_are_decided_by_the_runs_not_the_elements
   starts = np.searchsorted(ids, np.arange(len(ones_of)))
   ends = np.append(starts[1:], len(ids))
   assert runs[0] == ((ends - 1) // tile - starts // tile + 1).tolist()
+
+
+def test_a_global_norm_near_a_rounding_midpoint_is_decided_by_an_items_tiles(monkeypatch):
+  # One system of 2,097,152 elements (1,024 work items of 2 tiles): a program's lanes add over
+  # their own item's tiles only, so the interval is ~2**-42.7 wide, where counting every tile
+  # of the call made it 2**-40.6 and left this norm, 2**-42.5 above its midpoint, open.
+  from clipbench.impls.own.triton import implementation as triton_impl, passes
+  rng = np.random.default_rng(39)
+  k = int(rng.integers(1 << 23, 1 << 24))
+  mid = 2 * k + 1
+  ones = round(2.0 * mid * mid * 2.0 ** -42.5)  # the norm sits ones / (2 mid**2) above mid
+  values = np.zeros(1 << 21, np.float32)
+  values[:5] = [2 * k] + _four_squares(4 * k + 1)
+  values[5:5 + ones] = 1.0
+  leaves = [torch.tensor(values)]
+  resolved = []
+  resolve = passes.TritonKernels._resolve
+  monkeypatch.setattr(passes.TritonKernels, "_resolve",
+                      lambda self, *args: resolved.append(1) or resolve(self, *args))
+  with branches.accelerator_branches():
+    ref_outs, ref_norm = eager.clip_grad_norm(leaves, mid / 3)
+  outs, norm = triton_impl.clip_grad_norm(leaves, mid / 3)
+  assert _bits(norm) == _bits(ref_norm) and float(norm) == mid + 1
+  assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs]
+  assert resolved == []
