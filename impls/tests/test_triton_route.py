@@ -398,15 +398,16 @@ def test_norms_near_a_rounding_midpoint_are_decided_by_the_runs_not_the_elements
 
 
 def test_a_global_norm_near_a_rounding_midpoint_is_decided_by_an_items_tiles(monkeypatch):
-  # One system of 2,097,152 elements (1,024 work items of 2 tiles): a program's lanes add over
+  # One system of 524,288 elements in 512 work items of one tile: a program's lanes add over
   # their own item's tiles only, so the interval is ~2**-42.7 wide, where counting every tile
-  # of the call made it 2**-40.6 and left this norm, 2**-42.5 above its midpoint, open.
-  from clipbench.impls.own.triton import implementation as triton_impl, passes
+  # of the call made it 2**-41.5 and left this norm, 2**-43.1 above its midpoint, open.
+  from clipbench.impls.own.triton import implementation as triton_impl, passes, tables
+  monkeypatch.setattr(tables, "MIN_ITEM_UNITS", passes.BLOCK)
   rng = np.random.default_rng(39)
   k = int(rng.integers(1 << 23, 1 << 24))
   mid = 2 * k + 1
-  ones = round(2.0 * mid * mid * 2.0 ** -42.5)  # the norm sits ones / (2 mid**2) above mid
-  values = np.zeros(1 << 21, np.float32)
+  ones = round(2.0 * mid * mid * 2.0 ** -43.1)  # the norm sits ones / (2 mid**2) above mid
+  values = np.zeros(1 << 19, np.float32)
   values[:5] = [2 * k] + _four_squares(4 * k + 1)
   values[5:5 + ones] = 1.0
   leaves = [torch.tensor(values)]
