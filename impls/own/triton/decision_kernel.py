@@ -6,8 +6,8 @@ tensor operations (:mod:`clipbench.impls.own.torch.measure` for the intervals,
 :mod:`clipbench.impls.own.torch.decisions`), statement for statement, so that both reach the
 same decisions (a test holds them to the same bits). One difference: a per-system power sum's
 depth may count its runs rather than its elements, as the Triton scan keeps its rounding
-errors (:mod:`.kernels`); the eager route's ``index_add_`` cannot. It writes the plan into the scratch
-buffer and the call's summary (:mod:`.scratch`), which the host reads once.
+errors (:mod:`.kernels`); the eager route's ``index_add_`` cannot. It writes the plan into
+the scratch buffer and the call's summary (:mod:`.scratch`), which the host reads once.
 
 Every float64 constant is built as float64 (``f64``): a Python float in a Triton expression
 may be taken as a float32 constant (``1 + 2**-50`` would become 1), and Dekker's split

@@ -10,11 +10,10 @@ output bit depends on the order the atomics land in (the canonical definitions o
 :mod:`clipbench.impls.own.torch`). The power sums' scan carries each run's rounding errors
 (error-free additions), so a system's sum is within ``gamma(runs + unit additions + 2)`` of
 its exact value whatever the scan's tree, where ``gamma`` of its element count is all an
-uncompensated scan allows; the atomics count the runs. On W8's 1,000,000 systems (about 320
-elements, 3 runs each) the intervals are some 18 times narrower, and none is left open for
-the exact path, where the element count left 3 (``docs/gpu.md``, section 13). One system (no ids): each
-program writes its item's partials to a slot of its own, reduced in item order by the
-decision kernel.
+uncompensated scan allows; the atomics count the runs. Why it matters: at a million systems
+the element count left a few open for the exact path in nearly every call (``docs/gpu.md``,
+section 13). One system (no ids): each program writes its item's partials to a slot of its
+own, reduced in item order by the decision kernel.
 
 Interpreter workarounds, harmless on CUDA: no ``other=`` constants in float loads (the
 interpreter cannot build bfloat16 constants), float64 -> bfloat16 casts go through float32
@@ -294,10 +293,11 @@ if triton is not None:
           n_run = ones
         else:
           terms = tl.where(valid, term, 0.0)
-          _, h_run, l_run, n_run = tl.associative_scan((first, terms, tl.zeros_like(terms), ones),
-                                                       0, _sum_runs_compensated)
+          _, h_run, l_run, n_run = tl.associative_scan(
+              (first, terms, tl.zeros_like(terms), ones), 0, _sum_runs_compensated)
           tl.atomic_add(f64 + base + R_SUMS * K + key, h_run + l_run, mask=end)
-          tl.atomic_add(scratch + base + R_RUNS * K + key, tl.full([BLOCK], 1, tl.int64), mask=end)
+          tl.atomic_add(scratch + base + R_RUNS * K + key, tl.full([BLOCK], 1, tl.int64),
+                        mask=end)
         if COUNTS:
           tl.atomic_add(f64 + base + R_COUNT * K + key, n_run.to(tl.float64), mask=end)
         if FLAG_LOW:
