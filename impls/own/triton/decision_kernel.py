@@ -26,7 +26,7 @@ SUM, POWER, MAX, MIN, STEP, PIECES, EXACT = range(7)
 if triton is not None:
   import triton.language as tl
 
-  from clipbench.impls.own.triton.kernels import INF_BITS, frexp_exponent, pow2
+  from clipbench.impls.own.triton.kernels import INF_BITS, frexp_exponent, pow2, two_sum
 
   _SUM, _POWER, _MAX, _MIN, _STEP, _PIECES, _EXACT = (tl.constexpr(v) for v in range(7))
   FIT_UP = tl.constexpr(1 + 2.0 ** -50)
@@ -86,12 +86,6 @@ if triton is not None:
   def around(mid, rel):
     lo = next_down(mid * (1 - rel))
     return tl.maximum(lo, 0.0), mid, next_up(mid * (1 + rel))
-
-  @triton.jit
-  def two_sum(a, b):
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
 
   @triton.jit
   def fast_two_sum(a, b):

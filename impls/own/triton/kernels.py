@@ -71,6 +71,13 @@ if triton is not None:
     field = (w.to(tl.int64, bitcast=True) >> 52) & 0x7FF
     return tl.where(sub, field - 1022 - 64, field - 1022)
 
+  @triton.jit
+  def two_sum(a, b):
+    """s = a + b rounded, and its rounding error e: a + b == s + e exactly (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
   # Segmented scans: ``f`` flags the first unit of a run (a new system id, or the tile's first
   # unit). (f1, v1) + (f2, v2) = (f1 | f2, v2 if f2 else v1 + v2) is associative whatever the
   # flags (its float additions up to rounding, which the bounds take for any tree), so a
@@ -83,9 +90,7 @@ if triton is not None:
     ``(units * 2**-53)**2`` of the exact total whatever tree the scan combines in, and ``n``
     its units. An infinite or NaN ``h`` carries no error term."""
     cut = f2 != 0
-    s = h1 + h2
-    back = s - h1
-    err = (h1 - (s - back)) + (h2 - back)
+    s, err = two_sum(h1, h2)
     err = tl.where(tl.abs(s) < float("inf"), err, 0.0)
     return (f1 | f2, tl.where(cut, h2, s), tl.where(cut, l2, (l1 + l2) + err),
             tl.where(cut, n2, n1 + n2))
