@@ -80,19 +80,21 @@ def test_triton_bits_equal_the_eager_cuda_route_bits(dtype):
 def _run_decision_kernel(K, kind, p, regions, threshold, norm64=False, unit_roundings=0):
   """The decision kernel on measured values written straight into a scratch buffer."""
   from clipbench.impls.own.triton import decision_kernel as dk
-  from clipbench.impls.own.triton import passes, scratch as S
-  scratch = S.Scratch(K, 1, 0, torch.device("cpu"))
+  from clipbench.impls.own.triton import passes
+  from clipbench.impls.own.triton.scratch import WORDS, Scratch
+  scratch = Scratch(K, 1, 0, torch.device("cpu"))
   for index, values in regions.items():
     scratch.region(index, values.dtype).copy_(values)
   dk.decide_systems[(passes.triton_cdiv(K, passes.DECIDE_BLOCK),)](
       scratch.buffer, scratch.base, K, 1, 0, 0, threshold, 0, passes._bits(p),
-      passes._bits(float(unit_roundings)), passes._bits(0.0), KIND=kind, P=int(p) if p in (1.0, 2.0) else 1,
+      passes._bits(float(unit_roundings)), passes._bits(0.0), KIND=kind,
+      P=int(p) if p in (1.0, 2.0) else 1,
       PER_SYSTEM=True, NORM64=norm64, PREC=53 if norm64 else 24, THRESHOLD=1,
       CHECK_THRESHOLD=False, CERTIFIED=True, HAS32=True, HAS64=norm64,
       BLOCK=passes.DECIDE_BLOCK, **passes._LAUNCH)
   f64 = torch.float64
-  return (scratch.region(S.ACTION), scratch.region(S.SCALE, f64), scratch.region(S.NORM, f64),
-          scratch.region(S.OPEN))
+  return (scratch.region(WORDS.ACTION), scratch.region(WORDS.SCALE, f64),
+          scratch.region(WORDS.NORM, f64), scratch.region(WORDS.OPEN))
 
 
 def _near_ties(rng, K):
@@ -108,7 +110,8 @@ def _near_ties(rng, K):
 
 @pytest.mark.parametrize("p", [2.0, 1.0])
 def test_decision_kernel_decides_float32_norms_as_the_operators_do(p):
-  from clipbench.impls.own.triton import decision_kernel as dk, scratch as S
+  from clipbench.impls.own.triton import decision_kernel as dk
+  from clipbench.impls.own.triton.scratch import WORDS
   rng = np.random.default_rng(31)
   K = 3000
   norms, c = _near_ties(rng, K)
@@ -124,7 +127,8 @@ def test_decision_kernel_decides_float32_norms_as_the_operators_do(p):
   total[60:70] = math.inf
   c_t = torch.tensor(c)
   action, scale, norm, open_ = _run_decision_kernel(
-      K, dk.SUM, p, {S.SUMS: total, S.COUNT: counts, S.RUNS: runs.to(torch.int64)}, c_t,
+      K, dk.KINDS.SUM, p,
+      {WORDS.SUMS: total, WORDS.COUNT: counts, WORDS.RUNS: runs.to(torch.int64)}, c_t,
       unit_roundings=3)
   depth = torch.minimum(counts + 1 + 2, runs + 3 + 2)
   mid = torch.sqrt(total) if p == 2 else total
@@ -141,14 +145,16 @@ def test_decision_kernel_decides_float32_norms_as_the_operators_do(p):
 
 
 def test_decision_kernel_decides_float64_norms_as_the_operators_do():
-  from clipbench.impls.own.triton import decision_kernel as dk, scratch as S
+  from clipbench.impls.own.triton import decision_kernel as dk
+  from clipbench.impls.own.triton.scratch import WORDS
   rng = np.random.default_rng(32)
   K = 2000
   norms, c = _near_ties(rng, K)
   c_t = torch.tensor(c)
   action, scale, norm, open_ = _run_decision_kernel(
-      K, dk.MAX, math.inf, {S.BIG: torch.tensor(norms).view(torch.int64),
-                            S.COUNT: torch.ones(K, dtype=torch.float64)}, c_t, norm64=True)
+      K, dk.KINDS.MAX, math.inf, {WORDS.BIG: torch.tensor(norms).view(torch.int64),
+                                  WORDS.COUNT: torch.ones(K, dtype=torch.float64)}, c_t,
+      norm64=True)
   want = decide_float64(exact_value_pieces(torch.tensor(norms)), 1, c_t, 53,
                         torch.ones(K, dtype=torch.bool))
   assert torch.equal(open_ != 0, want.ambiguous)
@@ -357,7 +363,8 @@ def test_norms_near_a_rounding_midpoint_are_decided_by_the_runs_not_the_elements
   # elements more, whose count alone (gamma(4,200) ~ 2**-42) could not decide the rounding;
   # the compensated runs (a dozen tiles each) do. A norm exactly on its midpoint stays open
   # (the exact path rounds it to even), one 2**-50 off may go either way: the eager bits.
-  from clipbench.impls.own.triton import implementation as triton_impl, passes, scratch as S
+  from clipbench.impls.own.triton import implementation as triton_impl, passes
+  from clipbench.impls.own.triton.scratch import WORDS
   rng = np.random.default_rng(38)
   ones_of = [64, 64, 0, 1]
   rows, ids, mids = [], [], []
@@ -376,8 +383,8 @@ def test_norms_near_a_rounding_midpoint_are_decided_by_the_runs_not_the_elements
   resolve = passes.TritonKernels._resolve
 
   def recorded(self, scratch, *args):
-    opened.append((scratch.region(S.OPEN) != 0).tolist())
-    runs.append(scratch.region(S.RUNS).tolist())
+    opened.append((scratch.region(WORDS.OPEN) != 0).tolist())
+    runs.append(scratch.region(WORDS.RUNS).tolist())
     return resolve(self, scratch, *args)
 
   monkeypatch.setattr(passes.TritonKernels, "_resolve", recorded)

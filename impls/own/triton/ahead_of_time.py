@@ -10,7 +10,9 @@ set of specializations, or with ``--all`` every dtype, mode and flag the route l
 including integer arguments equal to 1 (compiled as constants on a GPU). It then checks the
 PTX of the decision kernel: no fused multiply-add outside libdevice's ``log`` and ``exp2``
 (general p; their error bound is their own) -- the double-double products need none -- and the
-float64 constants exactly (``1 + 2**-50`` would become 1 as a float32 constant).
+float64 constants exactly (``1 + 2**-50`` would become 1 as a float32 constant), and that no
+kernel reads a global that Triton compares with its compiled value at each launch (a host
+cost per launch; ``scratch.Words``).
 
 Run it with ``TRITON_INTERPRET`` unset (under the interpreter there is nothing to compile).
 """
@@ -18,6 +20,7 @@ Run it with ``TRITON_INTERPRET`` unset (under the interpreter there is nothing t
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import struct
 import sys
@@ -42,14 +45,14 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
                                                                               "bfloat16")
   measure_sig = {"table": "*i64", "scratch": "*i64", "base": "i64", "K": "i64",
                  "n_total": "i64", "slot0": "i64", "p_bits": "i64"}
-  modes = range(6) if everything else (kernels.SQUARES, kernels.STEPS, kernels.PIECES)
+  modes = range(6) if everything else (kernels.MODES.SQUARES, kernels.MODES.STEPS, kernels.MODES.PIECES)
   for dtype, mode, per_system, aligned in itertools.product(dtypes, modes, (True, False),
                                                            (True, False)):
     # Rows read at a time: step vectors (longer ones in parts of 1,024, one row a tile), and
     # per system the short rows of sums; elements otherwise.
-    if mode == kernels.STEPS:
+    if mode == kernels.MODES.STEPS:
       vecs = (4, 1024) if everything else (4,)
-    elif per_system and mode in (kernels.SQUARES, kernels.MAGNITUDES):
+    elif per_system and mode in (kernels.MODES.SQUARES, kernels.MODES.MAGNITUDES):
       vecs = (1, 4)
     else:
       vecs = (1,)
@@ -68,15 +71,15 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
   decide_sig = {"scratch": "*i64", "base": "i64", "K": "i64", "n_leaves": "i64",
                 "n_items": "i64", "n_total": "i64", "thr": "*fp64", "thr_bits": "i64",
                 "p_bits": "i64", "depth_bits": "i64", "rel_bits": "i64"}
-  kinds = range(7) if everything else (dk.SUM, dk.PIECES)
+  kinds = range(7) if everything else (dk.KINDS.SUM, dk.KINDS.PIECES)
   for kind, per_system, ones in itertools.product(kinds, (True, False), (False, True)):
-    norm64 = kind in (dk.PIECES, dk.EXACT) or (kind in (dk.MAX, dk.MIN) and per_system)
+    norm64 = kind in (dk.KINDS.PIECES, dk.KINDS.EXACT) or (kind in (dk.KINDS.MAX, dk.KINDS.MIN) and per_system)
     signature, constants = dict(decide_sig), {}
     if ones:  # every integer argument equal to 1: Triton compiles them as constants
       constants = {name: 1 for name in ("K", "n_leaves", "n_total", "thr_bits", "p_bits",
                                         "depth_bits", "rel_bits")}
       signature = {k: v for k, v in signature.items() if k not in constants}
-    constants.update(KIND=kind, P=2 if kind in (dk.SUM, dk.PIECES) else 1,
+    constants.update(KIND=kind, P=2 if kind in (dk.KINDS.SUM, dk.KINDS.PIECES) else 1,
                      PER_SYSTEM=per_system, NORM64=norm64, PREC=0 if norm64 else 24,
                      THRESHOLD=0, CHECK_THRESHOLD=False, CERTIFIED=True, HAS32=True,
                      HAS64=norm64, BLOCK=256)
@@ -92,23 +95,35 @@ def compile_all(arch: int = 90, everything: bool = False) -> dict[str, int]:
   compiled = fused = 0
   missing: set[str] = set()
   for kernel, signature, constants in _specializations(everything):
+    constants = {**_defaults(kernel), **constants}  # as a launch's binder fills them in
     full = {**signature, **{name: "constexpr" for name in constants}}
     binary = triton.compile(ASTSource(kernel, full, constants), target=target,
                             options={"enable_fp_fusion": False})
     compiled += 1
     if kernel is dk.decide_systems:
       ptx = binary.asm["ptx"]
-      if constants["KIND"] != dk.POWER:  # log and exp2 come from libdevice, which fuses
+      if constants["KIND"] != dk.KINDS.POWER:  # log and exp2 come from libdevice, which fuses
         fused += ptx.count("fma.rn")
-      if constants["KIND"] == dk.SUM and constants["PER_SYSTEM"] and constants["P"] == 2:
+      if constants["KIND"] == dk.KINDS.SUM and constants["PER_SYSTEM"] and constants["P"] == 2:
         missing |= {name for name, value in EXACT_CONSTANTS.items()
                     if name != "Dekker's splitter" and _ptx_double(value) not in ptx}
-      if constants["KIND"] == dk.PIECES and _ptx_double(134217729.0) not in ptx:
+      if constants["KIND"] == dk.KINDS.PIECES and _ptx_double(134217729.0) not in ptx:
         missing.add("Dekker's splitter")
   if fused or missing:
     raise AssertionError(f"decision kernel PTX: {fused} fused multiply-adds; float64 "
                          f"constants missing: {sorted(missing) or 'none'}")
+  checked = {kernel.fn.__name__: sorted(name for name, _ in kernel.used_global_vals)
+             for kernel in (kernels.measure_items, kernels.apply_items, dk.decide_systems)}
+  if any(checked.values()):
+    raise AssertionError(f"globals Triton compares at each launch: {checked} (pass them as a "
+                         "constexpr argument's default: scratch.Words says why)")
   return {"compiled": compiled, "triton": triton.__version__}
+
+
+def _defaults(kernel) -> dict:
+  """The kernel's constexpr arguments left to their defaults (the constants' tuples)."""
+  return {name: p.default for name, p in kernel.signature.parameters.items()
+          if p.default is not inspect.Parameter.empty}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   result = compile_all(args.arch, args.all)
   print(f"compiled {result['compiled']} specializations for sm_{args.arch} with Triton "
         f"{result['triton']}: the decision kernel has no fused multiply-add and its float64 "
-        "constants")
+        "constants; no kernel reads a global that Triton compares at each launch")
   return 0
 
 

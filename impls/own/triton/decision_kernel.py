@@ -17,41 +17,50 @@ double-double products rely on no multiply-add being contracted.
 
 from __future__ import annotations
 
-from clipbench.impls.own.triton import scratch as S
-from clipbench.impls.own.triton.kernels import triton
+from typing import NamedTuple
 
-# What the measure passes left for the decisions to read.
-SUM, POWER, MAX, MIN, STEP, PIECES, EXACT = range(7)
+from clipbench.impls.own.triton.kernels import BITS, triton
+from clipbench.impls.own.triton.scratch import WORDS
+
+
+class Kinds(NamedTuple):
+  """What the measure passes left for the decisions to read (the kernel's ``KIND``)."""
+
+  SUM: int = 0
+  POWER: int = 1
+  MAX: int = 2
+  MIN: int = 3
+  STEP: int = 4
+  PIECES: int = 5
+  EXACT: int = 6
+
+
+class Numbers(NamedTuple):
+  """The decisions' constants (those of :mod:`clipbench.impls.own.torch.certified`)."""
+
+  FIT_UP: float = 1 + 2.0 ** -50
+  FIT_DOWN: float = 1 - 2.0 ** -50
+  W24: float = 5.0 * 2.0 ** -26
+  W53: float = 5.0 * 2.0 ** -55
+  U64: float = 2.0 ** -53
+  SPLITTER: float = 134217729.0  # 2**27 + 1
+  FLOAT32_OVERFLOW: float = (2 - 2.0 ** -24) * 2.0 ** 127
+  REL_SQRT: float = 0.5001
+  REL_SUM: float = 1.0001
+  POW_REL_ERR: float = 2.0 ** -49  # of a term exp2(p log2 y): see TritonKernels
+  POW_ABS_ERR: float = 2.0 ** -50
+  STEP24: int = 1 << 29
+  INF_BITS: int = BITS.INF_BITS
+
+
+# Constexpr arguments' defaults of the kernel, not globals (scratch.Words says why).
+KINDS = Kinds()
+NUMBERS = Numbers()
 
 if triton is not None:
   import triton.language as tl
 
-  from clipbench.impls.own.triton.kernels import INF_BITS, frexp_exponent, pow2, two_sum
-
-  _SUM, _POWER, _MAX, _MIN, _STEP, _PIECES, _EXACT = (tl.constexpr(v) for v in range(7))
-  FIT_UP = tl.constexpr(1 + 2.0 ** -50)
-  FIT_DOWN = tl.constexpr(1 - 2.0 ** -50)
-  W24 = tl.constexpr(5.0 * 2.0 ** -26)
-  W53 = tl.constexpr(5.0 * 2.0 ** -55)
-  U64 = tl.constexpr(2.0 ** -53)
-  SPLITTER = tl.constexpr(134217729.0)  # 2**27 + 1
-  FLOAT32_OVERFLOW = tl.constexpr((2 - 2.0 ** -24) * 2.0 ** 127)
-  REL_SQRT = tl.constexpr(0.5001)
-  REL_SUM = tl.constexpr(1.0001)
-  POW_REL_ERR = tl.constexpr(2.0 ** -49)  # of a term exp2(p log2 y): see TritonKernels
-  POW_ABS_ERR = tl.constexpr(2.0 ** -50)
-  STEP24 = tl.constexpr(1 << 29)
-  R_SUMS, R_BIG, R_SMALL, R_COUNT, R_LOW = (tl.constexpr(v) for v in (
-      S.SUMS, S.BIG, S.SMALL, S.COUNT, S.LOW))
-  R_Q1, R_Q2, R_QT, R_REST, R_RUNS = (tl.constexpr(v) for v in (
-      S.Q1, S.Q2, S.QT, S.REST, S.RUNS))
-  R_BOUND, R_E, R_VALUE, R_ACTION, R_SCALE, R_NORM, R_RN32, R_RN64, R_OPEN = (
-      tl.constexpr(v) for v in (S.BOUND, S.E, S.VALUE, S.ACTION, S.SCALE, S.NORM, S.RN32,
-                                S.RN64, S.OPEN))
-  R_PARTS = tl.constexpr(S.PARTS)
-  PART_WORDS = tl.constexpr(S.PART_WORDS)
-  W_OPEN, W_RTZ32, W_HOST64, W_BAD, W_SINGLE = (tl.constexpr(v) for v in (
-      S.OPEN_COUNT, S.RTZ32, S.HOST64, S.BAD_THRESHOLD, S.SINGLE))
+  from clipbench.impls.own.triton.kernels import frexp_exponent, pow2, two_sum
 
   @triton.jit
   def f64(value: tl.constexpr):
@@ -78,8 +87,8 @@ if triton is not None:
     return tl.where(v < float("inf"), (bits + 1).to(tl.float64, bitcast=True), v)
 
   @triton.jit
-  def gamma(depth):
-    d = depth * f64(U64)
+  def gamma(depth, NUMBERS: tl.constexpr):
+    d = depth * f64(NUMBERS.U64)
     return d / (1 - d)
 
   @triton.jit
@@ -93,16 +102,16 @@ if triton is not None:
     return s, b - (s - a)
 
   @triton.jit
-  def split(a):
-    c = f64(SPLITTER) * a
+  def split(a, NUMBERS: tl.constexpr):
+    c = f64(NUMBERS.SPLITTER) * a
     hi = c - (c - a)
     return hi, a - hi
 
   @triton.jit
-  def two_prod(a, b):
+  def two_prod(a, b, NUMBERS: tl.constexpr):
     p = a * b
-    ah, al = split(a)
-    bh, bl = split(b)
+    ah, al = split(a, NUMBERS)
+    bh, bl = split(b, NUMBERS)
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 
   @triton.jit
@@ -111,11 +120,13 @@ if triton is not None:
     return tl.where(x > 0, tl.exp2(tl.log2(tl.where(x > 0, x, 1.0)) / p), 0.0)
 
   @triton.jit
-  def power_interval(total, depth, counts, e, p):
-    g = gamma(depth)
-    underflow = counts * f64(POW_ABS_ERR)
-    s_lo = (total - underflow) / ((1 + g) * (1 + f64(POW_REL_ERR))) * (1 - 4 * f64(U64))
-    s_hi = (total + underflow) / ((1 - g) * (1 - f64(POW_REL_ERR))) * (1 + 4 * f64(U64))
+  def power_interval(total, depth, counts, e, p, NUMBERS: tl.constexpr):
+    g = gamma(depth, NUMBERS)
+    underflow = counts * f64(NUMBERS.POW_ABS_ERR)
+    s_lo = ((total - underflow) / ((1 + g) * (1 + f64(NUMBERS.POW_REL_ERR)))
+            * (1 - 4 * f64(NUMBERS.U64)))
+    s_hi = ((total + underflow) / ((1 - g) * (1 - f64(NUMBERS.POW_REL_ERR)))
+            * (1 + 4 * f64(NUMBERS.U64)))
     root_err = (tl.abs(tl.log(tl.maximum(total, f64(1e-300)))) + 4) * f64(2.0 ** -51)
     lo = ldexp(root(tl.maximum(s_lo, 0.0), p) * (1 - root_err), e)
     hi = ldexp(root(s_hi, p) * (1 + root_err), e)
@@ -123,7 +134,7 @@ if triton is not None:
     return tl.where(s_lo > 0, lo, 0.0), mid, hi
 
   @triton.jit
-  def decide_float32(lo, mid, hi, c, todo):
+  def decide_float32(lo, mid, hi, c, todo, NUMBERS: tl.constexpr):
     """:func:`clipbench.impls.own.torch.certified.decide_float32`, per system."""
     finite_c = c < float("inf")
     clip = finite_c & (lo > c)
@@ -134,23 +145,23 @@ if triton is not None:
     nxt = tl.where(r < float("inf"), (rb + 1).to(tl.float32, bitcast=True), r).to(tl.float64)
     r64 = r.to(tl.float64)
     m_lo = (r64 + prev) / 2
-    m_hi = tl.where(nxt == float("inf"), f64(FLOAT32_OVERFLOW), (r64 + nxt) / 2)
+    m_hi = tl.where(nxt == float("inf"), f64(NUMBERS.FLOAT32_OVERFLOW), (r64 + nxt) / 2)
     exact_r = (lo > m_lo) & (hi < m_hi) & (r64 < float("inf")) & (r64 > 0)
-    inf_r = (r64 == float("inf")) & (lo >= f64(FLOAT32_OVERFLOW))
+    inf_r = (r64 == float("inf")) & (lo >= f64(NUMBERS.FLOAT32_OVERFLOW))
     decided = todo & (clip | keep) & (exact_r | inf_r)
     norm = tl.where(inf_r, float("inf"), r64)
     work = clip & decided & (c > 0)
-    q = c / (tl.where(lo > 0, lo, 1.0) * (1 + f64(W24)))
+    q = c / (tl.where(lo > 0, lo, 1.0) * (1 + f64(NUMBERS.W24)))
     in_range = (q > f64(2.0 ** -1000)) & (q < f64(2.0 ** 1000))
-    s0 = tl.where(in_range, q, 1.0).to(tl.int64, bitcast=True) & -STEP24
+    s0 = tl.where(in_range, q, 1.0).to(tl.int64, bitcast=True) & -NUMBERS.STEP24
     index = tl.full(q.shape, -1, tl.int64)
     chosen = tl.zeros_like(q)
     ok = tl.zeros(q.shape, dtype=tl.int1)
     for j in tl.static_range(3):  # candidates s0 - 1, s0, s0 + 1 steps
-      cand = (s0 + (j - 1) * STEP24).to(tl.float64, bitcast=True)
-      grown = cand + cand * f64(W24)
-      fits = hi * grown * f64(FIT_UP) <= c
-      overshoots = lo * grown * f64(FIT_DOWN) > c
+      cand = (s0 + (j - 1) * NUMBERS.STEP24).to(tl.float64, bitcast=True)
+      grown = cand + cand * f64(NUMBERS.W24)
+      fits = hi * grown * f64(NUMBERS.FIT_UP) <= c
+      overshoots = lo * grown * f64(NUMBERS.FIT_DOWN) > c
       ok = tl.where(index == j - 1, overshoots, ok)
       index = tl.where(fits, j, index)
       chosen = tl.where(fits, cand, chosen)
@@ -159,7 +170,8 @@ if triton is not None:
     return clip, norm, tl.where(work, chosen, 0.0), ambiguous
 
   @triton.jit
-  def decide_float64(q1, q2, qt, rest, bound, e, P: tl.constexpr, c, prec24, todo):
+  def decide_float64(q1, q2, qt, rest, bound, e, P: tl.constexpr, c, prec24, todo,
+                     NUMBERS: tl.constexpr):
     """:func:`clipbench.impls.own.torch.certified.decide_float64`, per system."""
     sh, e1 = two_sum(q1, q2)
     sh, e2 = two_sum(sh, qt)
@@ -168,7 +180,7 @@ if triton is not None:
     ds = bound + f64(2.0 ** -102) * tl.abs(sh)
     if P == 2:
       nh = tl.sqrt(sh)
-      ph, pl = two_prod(nh, nh)
+      ph, pl = two_prod(nh, nh, NUMBERS)
       nl = (((sh - ph) - pl) + sl) / (2 * nh)
       nh, nl = fast_two_sum(nh, nl)
       dn = ds / (f64(1.9) * nh) + f64(2.0 ** -100) * nh
@@ -196,18 +208,18 @@ if triton is not None:
     norm = ldexp(nh, ee)
     decided = (todo & decided & exact_r & (tl.abs(norm) >= f64(2.0 ** -1022))
                & (tl.abs(norm) < finite))
-    w = tl.where(prec24, f64(W24), f64(W53))
+    w = tl.where(prec24, f64(NUMBERS.W24), f64(NUMBERS.W53))
     work = clip & decided & (c > 0)
     q = tl.where(work, cs / nh / (1 + w), 1.0)
     in_range = (q > f64(2.0 ** -990)) & (q < f64(2.0 ** 990))
-    step = tl.where(prec24, STEP24, 1).to(tl.int64)
+    step = tl.where(prec24, NUMBERS.STEP24, 1).to(tl.int64)
     s0 = tl.where(in_range, q, 1.0).to(tl.int64, bitcast=True) & -step
     index = tl.full(q.shape, -1, tl.int64)
     chosen = tl.zeros_like(q)
     ok = tl.zeros(q.shape, dtype=tl.int1)
     for j in tl.static_range(8):  # candidates s0 - 4 .. s0 + 3 steps
       cand = (s0 + (j - 4) * step).to(tl.float64, bitcast=True)
-      a1, a2 = two_prod(cand, nh)
+      a1, a2 = two_prod(cand, nh, NUMBERS)
       f = ((cs - a1) - a2) - cand * nl - (a1 * w + a2 * w)
       sure = tl.abs(f) > cand * (1 + w) * dn + f64(2.0 ** -100) * cs
       ok = tl.where(index == j - 1, sure & (f < 0), ok)
@@ -218,14 +230,14 @@ if triton is not None:
     return clip, norm, tl.where(work, chosen, 0.0), ambiguous
 
   @triton.jit
-  def _parts_total(f64p, base, K, n_items, word, BLOCK: tl.constexpr):
+  def _parts_total(f64p, base, K, n_items, word, BLOCK: tl.constexpr, WORDS: tl.constexpr):
     """The one-system passes' item partials (one word of each), summed in item order."""
     acc = tl.zeros([BLOCK], dtype=tl.float64)
     for i in range(0, n_items, BLOCK):
       idx = i + tl.arange(0, BLOCK)
       mi = idx < n_items
-      acc += tl.where(mi, tl.load(f64p + base + R_PARTS * K + idx * PART_WORDS + word, mask=mi),
-                      0.0)
+      acc += tl.where(mi, tl.load(f64p + base + WORDS.PARTS * K + idx * WORDS.PART_WORDS + word,
+                                  mask=mi), 0.0)
     return tl.sum(acc, axis=0)
 
   @triton.jit
@@ -234,7 +246,8 @@ if triton is not None:
                      PER_SYSTEM: tl.constexpr, NORM64: tl.constexpr, PREC: tl.constexpr,
                      THRESHOLD: tl.constexpr, CHECK_THRESHOLD: tl.constexpr,
                      CERTIFIED: tl.constexpr, HAS32: tl.constexpr, HAS64: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, WORDS: tl.constexpr = WORDS,
+                     KINDS: tl.constexpr = KINDS, NUMBERS: tl.constexpr = NUMBERS):
     """Each system's interval, decisions and plan; the call's summary words.
 
     ``THRESHOLD``: 0 one value given as float64 bits (``thr_bits``), 1 one value per system
@@ -259,61 +272,62 @@ if triton is not None:
     if CHECK_THRESHOLD:
       bad = mk & ((c != c) | (c < 0))
       first = tl.min(tl.where(bad, k, K), axis=0)
-      tl.atomic_max(scratch + W_BAD, K - first, mask=first < K)
+      tl.atomic_max(scratch + WORDS.BAD_THRESHOLD, K - first, mask=first < K)
       c = tl.where(bad, 0.0, c)
     depth_arg = tl.cast(depth_bits, tl.int64).to(tl.float64, bitcast=True)
     if PER_SYSTEM:
-      counts = tl.load(fp + base + R_COUNT * K + k, mask=mk, other=0.0)
+      counts = tl.load(fp + base + WORDS.COUNT * K + k, mask=mk, other=0.0)
       depth = counts + n_leaves + 2
-      if KIND == _SUM:
+      if KIND == KINDS.SUM:
         # Along any path of a system's sum: a unit's roundings, its run's two-sum total
         # rounded once (the compensation leaves far below one unit), one rounding per further
         # run (atomic); and one to spare. Both bounds hold: the smaller is taken.
-        runs = tl.load(scratch + base + R_RUNS * K + k, mask=mk, other=0).to(tl.float64)
+        runs = tl.load(scratch + base + WORDS.RUNS * K + k, mask=mk, other=0).to(tl.float64)
         depth = tl.minimum(depth, runs + depth_arg + 2)
     else:
       counts = zero + n_total
       depth = depth_arg + zero
-    if KIND != _SUM and KIND != _STEP:
-      big = tl.load(scratch + base + R_BIG * K + k, mask=mk, other=0).to(tl.float64,
+    if KIND != KINDS.SUM and KIND != KINDS.STEP:
+      big = tl.load(scratch + base + WORDS.BIG * K + k, mask=mk, other=0).to(tl.float64,
                                                                           bitcast=True)
       nan = big != big
       inf = big == float("inf")
       e = tl.where((big > 0) & (big < float("inf")), frexp_exponent(tl.where(
           (big > 0) & (big < float("inf")), big, 1.0)), 0)
     # The measured values and their intervals (or float64 pieces).
-    if KIND == _SUM or KIND == _POWER:
+    if KIND == KINDS.SUM or KIND == KINDS.POWER:
       if PER_SYSTEM:
-        total = tl.load(fp + base + R_SUMS * K + k, mask=mk, other=0.0)
+        total = tl.load(fp + base + WORDS.SUMS * K + k, mask=mk, other=0.0)
       else:
-        total = tl.where(k == 0, _parts_total(fp, base, K, n_items, 0, BLOCK), 0.0)
-      if KIND == _SUM:
+        total = tl.where(k == 0, _parts_total(fp, base, K, n_items, 0, BLOCK, WORDS), 0.0)
+      if KIND == KINDS.SUM:
         nan = total != total
         inf = total == float("inf")
         zeros = total == 0
         if P == 2:
           mid = tl.sqrt(total)
-          rel = gamma(depth) * f64(REL_SQRT) + 4 * f64(U64)
+          rel = gamma(depth, NUMBERS) * f64(NUMBERS.REL_SQRT) + 4 * f64(NUMBERS.U64)
         else:
           mid = total
-          rel = gamma(depth) * f64(REL_SUM) + 4 * f64(U64)
+          rel = gamma(depth, NUMBERS) * f64(NUMBERS.REL_SUM) + 4 * f64(NUMBERS.U64)
         lo, mid, hi = around(mid, rel)
       else:
         zeros = big == 0
-        lo, mid, hi = power_interval(total, depth, counts, e, p)
-    elif KIND == _MAX or KIND == _MIN:
-      if KIND == _MAX:
+        lo, mid, hi = power_interval(total, depth, counts, e, p, NUMBERS)
+    elif KIND == KINDS.MAX or KIND == KINDS.MIN:
+      if KIND == KINDS.MAX:
         value = big
       else:
-        small = INF_BITS - tl.load(scratch + base + R_SMALL * K + k, mask=mk, other=0)
+        small = NUMBERS.INF_BITS - tl.load(scratch + base + WORDS.SMALL * K + k, mask=mk,
+                                           other=0)
         value = tl.where(counts > 0, small.to(tl.float64, bitcast=True), 0.0)
       zeros = value == 0
-      tl.store(fp + base + R_VALUE * K + k, value, mask=mk)
+      tl.store(fp + base + WORDS.VALUE * K + k, value, mask=mk)
       lo = value
       mid = value
       hi = value
-    elif KIND == _STEP:
-      best = tl.load(scratch + base + R_SUMS * K + k, mask=mk, other=0).to(tl.float64,
+    elif KIND == KINDS.STEP:
+      best = tl.load(scratch + base + WORDS.SUMS * K + k, mask=mk, other=0).to(tl.float64,
                                                                            bitcast=True)
       nan = best != best
       inf = best == float("inf")
@@ -323,56 +337,56 @@ if triton is not None:
       zeros = big == 0
     todo = mk & ~nan & ~inf & ~zeros
     if PREC == 0:
-      prec24 = tl.load(scratch + base + R_LOW * K + k, mask=mk, other=0) != 0
+      prec24 = tl.load(scratch + base + WORDS.LOW * K + k, mask=mk, other=0) != 0
     else:
       prec24 = tl.full([BLOCK], PREC == 24, tl.int1)
-    if KIND == _EXACT or not CERTIFIED:
+    if KIND == KINDS.EXACT or not CERTIFIED:
       clip = tl.zeros([BLOCK], dtype=tl.int1)
       norm = zero
       s = zero
       ambiguous = todo
     elif NORM64:
-      if KIND == _PIECES:
+      if KIND == KINDS.PIECES:
         if PER_SYSTEM:
-          q1 = tl.load(fp + base + R_Q1 * K + k, mask=mk, other=0.0)
-          q2 = tl.load(fp + base + R_Q2 * K + k, mask=mk, other=0.0)
-          qt = tl.load(fp + base + R_QT * K + k, mask=mk, other=0.0)
-          rest = tl.load(fp + base + R_REST * K + k, mask=mk, other=0.0)
+          q1 = tl.load(fp + base + WORDS.Q1 * K + k, mask=mk, other=0.0)
+          q2 = tl.load(fp + base + WORDS.Q2 * K + k, mask=mk, other=0.0)
+          qt = tl.load(fp + base + WORDS.QT * K + k, mask=mk, other=0.0)
+          rest = tl.load(fp + base + WORDS.REST * K + k, mask=mk, other=0.0)
           depth = counts + n_leaves + 4
         else:
-          q1 = tl.where(k == 0, _parts_total(fp, base, K, n_items, 0, BLOCK), 0.0)
-          q2 = tl.where(k == 0, _parts_total(fp, base, K, n_items, 1, BLOCK), 0.0)
-          qt = tl.where(k == 0, _parts_total(fp, base, K, n_items, 2, BLOCK), 0.0)
-          rest = tl.where(k == 0, _parts_total(fp, base, K, n_items, 3, BLOCK), 0.0)
-          tl.store(fp + base + R_Q1 * K + k, q1, mask=mk)
-          tl.store(fp + base + R_Q2 * K + k, q2, mask=mk)
-          tl.store(fp + base + R_QT * K + k, qt, mask=mk)
-          tl.store(fp + base + R_REST * K + k, rest, mask=mk)
+          q1 = tl.where(k == 0, _parts_total(fp, base, K, n_items, 0, BLOCK, WORDS), 0.0)
+          q2 = tl.where(k == 0, _parts_total(fp, base, K, n_items, 1, BLOCK, WORDS), 0.0)
+          qt = tl.where(k == 0, _parts_total(fp, base, K, n_items, 2, BLOCK, WORDS), 0.0)
+          rest = tl.where(k == 0, _parts_total(fp, base, K, n_items, 3, BLOCK, WORDS), 0.0)
+          tl.store(fp + base + WORDS.Q1 * K + k, q1, mask=mk)
+          tl.store(fp + base + WORDS.Q2 * K + k, q2, mask=mk)
+          tl.store(fp + base + WORDS.QT * K + k, qt, mask=mk)
+          tl.store(fp + base + WORDS.REST * K + k, rest, mask=mk)
         n = tl.maximum(counts, 1.0)
         grow = pow2(frexp_exponent(n) + 2)
-        s2 = grow * f64(U64) * grow
+        s2 = grow * f64(NUMBERS.U64) * grow
         st = f64(2.0 ** -24) * grow
         if P == 2:
-          per_elem = f64(U64) * s2 + f64(U64) * st
+          per_elem = f64(NUMBERS.U64) * s2 + f64(NUMBERS.U64) * st
           tail = f64(2.0 ** -50) * (q1 + q2 + qt + 1.0)
         else:
-          per_elem = f64(U64) * s2
+          per_elem = f64(NUMBERS.U64) * s2
           tail = zero
-        total_abs = n * per_elem * (1 + 4 * f64(U64)) + tail
-        bound = (gamma(depth) * total_abs + n * 2 * f64(U64) * per_elem
+        total_abs = n * per_elem * (1 + 4 * f64(NUMBERS.U64)) + tail
+        bound = (gamma(depth, NUMBERS) * total_abs + n * 2 * f64(NUMBERS.U64) * per_elem
                  + n * f64(2.0 ** -100) + n * f64(2.0 ** -1070))
-        tl.store(fp + base + R_BOUND * K + k, bound, mask=mk)
-        tl.store(fp + base + R_E * K + k, e.to(tl.float64), mask=mk)
+        tl.store(fp + base + WORDS.BOUND * K + k, bound, mask=mk)
+        tl.store(fp + base + WORDS.E * K + k, e.to(tl.float64), mask=mk)
         clip, norm, s, ambiguous = decide_float64(q1, q2, qt, rest, bound, e, P, c, prec24,
-                                                  todo)
+                                                  todo, NUMBERS)
       else:  # max or min |x|: known exactly
         ok = (value > 0) & (value < float("inf"))
         ev = tl.where(ok, frexp_exponent(tl.where(ok, value, 1.0)), 0)
         clip, norm, s, ambiguous = decide_float64(
             tl.where(ok, ldexp(value, -ev), 0.0), zero, zero, zero, zero, ev, 1, c, prec24,
-            todo)
+            todo, NUMBERS)
     else:
-      clip, norm, s, ambiguous = decide_float32(lo, mid, hi, c, todo)
+      clip, norm, s, ambiguous = decide_float32(lo, mid, hi, c, todo, NUMBERS)
     scaled = clip & ~ambiguous & todo
     action = tl.where(nan | inf, 2, tl.where(scaled, 1, 0)).to(tl.int64)
     norms = tl.where(todo & ~ambiguous, norm, 0.0)
@@ -381,22 +395,22 @@ if triton is not None:
     trivial = c == 0
     rn32 = ((scale >= f64(2.0 ** -126)) & (c * f64(2.0 ** 123) >= counts)) | trivial
     rn64 = ((scale >= f64(2.0 ** -1022)) & (c * f64(2.0 ** 1019) >= counts)) | trivial
-    tl.store(scratch + base + R_ACTION * K + k, action, mask=mk)
-    tl.store(fp + base + R_SCALE * K + k, scale, mask=mk)
-    tl.store(fp + base + R_NORM * K + k, norms, mask=mk)
-    tl.store(scratch + base + R_RN32 * K + k, rn32.to(tl.int64), mask=mk)
-    tl.store(scratch + base + R_RN64 * K + k, rn64.to(tl.int64), mask=mk)
-    tl.store(scratch + base + R_OPEN * K + k, ambiguous.to(tl.int64), mask=mk)
+    tl.store(scratch + base + WORDS.ACTION * K + k, action, mask=mk)
+    tl.store(fp + base + WORDS.SCALE * K + k, scale, mask=mk)
+    tl.store(fp + base + WORDS.NORM * K + k, norms, mask=mk)
+    tl.store(scratch + base + WORDS.RN32 * K + k, rn32.to(tl.int64), mask=mk)
+    tl.store(scratch + base + WORDS.RN64 * K + k, rn64.to(tl.int64), mask=mk)
+    tl.store(scratch + base + WORDS.OPEN * K + k, ambiguous.to(tl.int64), mask=mk)
     if not PER_SYSTEM:
-      tl.store(fp + base + R_COUNT * K + k, counts, mask=mk)  # for the host's exact path
-    tl.atomic_add(scratch + W_OPEN, tl.sum(ambiguous.to(tl.int64), axis=0))
+      tl.store(fp + base + WORDS.COUNT * K + k, counts, mask=mk)  # for the host's exact path
+    tl.atomic_add(scratch + WORDS.OPEN_COUNT, tl.sum(ambiguous.to(tl.int64), axis=0))
     if HAS32:
-      tl.atomic_max(scratch + W_RTZ32, tl.max((scaled & ~rn32).to(tl.int64), axis=0))
+      tl.atomic_max(scratch + WORDS.RTZ32, tl.max((scaled & ~rn32).to(tl.int64), axis=0))
     if HAS64:
-      tl.atomic_max(scratch + W_HOST64, tl.max((scaled & ~rn64).to(tl.int64), axis=0))
+      tl.atomic_max(scratch + WORDS.HOST64, tl.max((scaled & ~rn64).to(tl.int64), axis=0))
     if not PER_SYSTEM:
       first = k == 0
-      tl.store(scratch + W_SINGLE + k * 0, action, mask=first)
-      tl.store(scratch + W_SINGLE + 1 + k * 0, scale.to(tl.int64, bitcast=True), mask=first)
-      tl.store(scratch + W_SINGLE + 2 + k * 0, rn32.to(tl.int64), mask=first)
-      tl.store(scratch + W_SINGLE + 3 + k * 0, rn64.to(tl.int64), mask=first)
+      tl.store(scratch + WORDS.SINGLE + k * 0, action, mask=first)
+      tl.store(scratch + WORDS.SINGLE + 1 + k * 0, scale.to(tl.int64, bitcast=True), mask=first)
+      tl.store(scratch + WORDS.SINGLE + 2 + k * 0, rn32.to(tl.int64), mask=first)
+      tl.store(scratch + WORDS.SINGLE + 3 + k * 0, rn64.to(tl.int64), mask=first)

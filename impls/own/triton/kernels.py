@@ -25,6 +25,8 @@ multiply-add is contracted, as in the interpreter and in eager torch.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 try:
   import triton
   import triton.language as tl
@@ -34,26 +36,36 @@ except ImportError as e:  # pragma: no cover - triton is installed in this proje
 else:
   IMPORT_ERROR = ""
 
-from clipbench.impls.own.triton import scratch as S
+from clipbench.impls.own.triton import tables
+from clipbench.impls.own.triton.scratch import WORDS
 
-# What a measure launch accumulates.
-SQUARES, MAGNITUDES, POWERS, EXTREMES, STEPS, PIECES = range(6)
+
+class Modes(NamedTuple):
+  """What a measure launch accumulates (its ``MODE``)."""
+
+  SQUARES: int = 0
+  MAGNITUDES: int = 1
+  POWERS: int = 2
+  EXTREMES: int = 3
+  STEPS: int = 4
+  PIECES: int = 5
+
+
+class Bits(NamedTuple):
+  """Integer constants of the passes: float64's sign mask and +inf as bits, a table row's
+  columns."""
+
+  SIGN_OFF: int = (1 << 63) - 1
+  INF_BITS: int = 0x7FF0000000000000
+  NCOL: int = tables.NCOL
+
+
+# The kernels take these (and scratch.WORDS) as constexpr arguments' defaults, not as globals,
+# which Triton would compare one by one at each launch (scratch.Words says why).
+MODES = Modes()
+BITS = Bits()
 
 if triton is not None:
-  _SQUARES, _MAGNITUDES, _POWERS, _EXTREMES, _STEPS, _PIECES = (tl.constexpr(v) for v in range(6))
-  SIGN_OFF = tl.constexpr((1 << 63) - 1)
-  INF_BITS = tl.constexpr(0x7FF0000000000000)
-  NCOL = tl.constexpr(8)
-  # Region indices (see scratch.py): tl.constexpr copies for the kernels.
-  R_SUMS, R_BIG, R_SMALL, R_COUNT, R_LOW = (tl.constexpr(v) for v in (
-      S.SUMS, S.BIG, S.SMALL, S.COUNT, S.LOW))
-  R_Q1, R_Q2, R_QT, R_REST, R_RUNS = (tl.constexpr(v) for v in (
-      S.Q1, S.Q2, S.QT, S.REST, S.RUNS))
-  R_ACTION, R_SCALE, R_RN32, R_RN64 = (tl.constexpr(v) for v in (
-      S.ACTION, S.SCALE, S.RN32, S.RN64))
-  PART_WORDS = tl.constexpr(S.PART_WORDS)
-  R_PARTS = tl.constexpr(S.PARTS)
-  LEAF_WORDS0 = tl.constexpr(S.LEAF_WORDS)
 
   @triton.jit
   def pow2(e):
@@ -108,10 +120,10 @@ if triton is not None:
             tl.where(cut, c2, c1 + c2), tl.where(cut, d2, d1 + d2))
 
   @triton.jit
-  def _work_item(table, DTYPE: tl.constexpr):
+  def _work_item(table, DTYPE: tl.constexpr, BITS: tl.constexpr):
     """This program's table row: the leaf (a typed pointer), its ids, its first unit, how many
     units, units per row, and the row itself."""
-    row = table + tl.program_id(0) * NCOL
+    row = table + tl.program_id(0) * BITS.NCOL
     return (tl.load(row).to(tl.pointer_type(DTYPE), bitcast=True),
             tl.load(row + 1).to(tl.pointer_type(tl.int64), bitcast=True),
             tl.load(row + 2), tl.load(row + 3), tl.load(row + 4), row)
@@ -148,15 +160,16 @@ if triton is not None:
       tl.store(ptrs, values, mask=m)
 
   @triton.jit
-  def _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM: tl.constexpr):
+  def _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM: tl.constexpr,
+                    WORDS: tl.constexpr):
     """Per unit: e of its system's max |x| (frexp's exponent, 0 for 0 or non-finite), and the
     system's element count (for the float64 extraction's grids)."""
     if PER_SYSTEM:
       k = tl.where(valid, key, 0)
-      big = tl.load(f64 + base + R_BIG * K + k, mask=valid, other=0.0)
-      count = tl.load(f64 + base + R_COUNT * K + k, mask=valid, other=1.0)
+      big = tl.load(f64 + base + WORDS.BIG * K + k, mask=valid, other=0.0)
+      count = tl.load(f64 + base + WORDS.COUNT * K + k, mask=valid, other=1.0)
     else:
-      big = tl.load(f64 + base + R_BIG * K) + tl.zeros_like(key).to(tl.float64)
+      big = tl.load(f64 + base + WORDS.BIG * K) + tl.zeros_like(key).to(tl.float64)
       count = tl.zeros_like(key).to(tl.float64) + n_total
     ok = (big > 0) & (big < float("inf"))
     return tl.where(ok, frexp_exponent(tl.where(ok, big, 1.0)), 0), tl.maximum(count, 1.0)
@@ -165,7 +178,8 @@ if triton is not None:
   def measure_items(table, scratch, base, K, n_total, slot0, p_bits, DTYPE: tl.constexpr,
                     MODE: tl.constexpr, PER_SYSTEM: tl.constexpr, COUNTS: tl.constexpr,
                     FLAG_LOW: tl.constexpr, SQUARE: tl.constexpr, VEC: tl.constexpr,
-                    ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+                    ALIGNED: tl.constexpr, BLOCK: tl.constexpr, WORDS: tl.constexpr = WORDS,
+                    MODES: tl.constexpr = MODES, BITS: tl.constexpr = BITS):
     """One work item of one leaf: what the MODE accumulates, per system or into its slot.
 
     ``base`` is the first per-system word of the scratch buffer; the summary words before it
@@ -176,7 +190,7 @@ if triton is not None:
     per-system ``SQUARES`` and ``MAGNITUDES``): the units are rows, read VEC elements at a time.
     """
     pid = tl.program_id(0)
-    x, ids, start, count, per_row, row = _work_item(table, DTYPE)
+    x, ids, start, count, per_row, row = _work_item(table, DTYPE, BITS)
     leaf = tl.load(row + 5)
     unit = tl.load(row + 6)
     f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
@@ -215,7 +229,7 @@ if triton is not None:
       else:
         valid = m
         key = tl.zeros([BLOCK], dtype=tl.int64)
-      if MODE == _STEPS or VEC > 1:
+      if MODE == MODES.STEPS or VEC > 1:
         # Units are rows of ``unit`` elements (step vectors, or a per-system leaf's short last
         # axis): each row's squares (magnitudes) summed, VEC elements at a time.
         d = tl.arange(0, VEC)
@@ -223,12 +237,12 @@ if triton is not None:
         for c in range(0, unit, VEC):
           vm = valid[:, None] & (c + d[None, :] < unit)
           v = _load_f64(x + units[:, None] * unit + c + d[None, :], vm)
-          if MODE == _MAGNITUDES:
+          if MODE == MODES.MAGNITUDES:
             row_sum += tl.sum(tl.abs(v), axis=1)
           else:
             row_sum += tl.sum(v * v, axis=1)
-        if MODE == _STEPS:
-          a_bits = tl.where(valid, row_sum.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
+        if MODE == MODES.STEPS:
+          a_bits = tl.where(valid, row_sum.to(tl.int64, bitcast=True) & BITS.SIGN_OFF, 0)
           b_bits = tl.zeros([BLOCK], dtype=tl.int64)
         weight = unit.to(tl.int32)
       else:
@@ -238,21 +252,22 @@ if triton is not None:
         full = off + BLOCK <= count
         v = tl.where(valid, _load_tile(ptrs, valid, full, ALIGNED).to(tl.float64), 0.0)
         weight = 1
-      if MODE == _EXTREMES:
-        a_bits = tl.where(valid, v.to(tl.int64, bitcast=True) & SIGN_OFF, 0)
-        b_bits = tl.where(valid, INF_BITS - tl.minimum(a_bits, INF_BITS), 0)  # NaN left out
-      if VEC > 1 and MODE != _STEPS:
+      if MODE == MODES.EXTREMES:
+        a_bits = tl.where(valid, v.to(tl.int64, bitcast=True) & BITS.SIGN_OFF, 0)
+        # NaN left out
+        b_bits = tl.where(valid, BITS.INF_BITS - tl.minimum(a_bits, BITS.INF_BITS), 0)
+      if VEC > 1 and MODE != MODES.STEPS:
         term = row_sum
-      elif MODE == _SQUARES:
+      elif MODE == MODES.SQUARES:
         term = v * v
-      elif MODE == _MAGNITUDES:
+      elif MODE == MODES.MAGNITUDES:
         term = tl.abs(v)
-      elif MODE == _POWERS:
-        e, _ = _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM)
+      elif MODE == MODES.POWERS:
+        e, _ = _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM, WORDS)
         y = tl.abs(v) * pow2(-e)
         term = tl.where(y > 0, tl.exp2(p * tl.log2(tl.where(y > 0, y, 1.0))), 0.0)
-      elif MODE == _PIECES:
-        e, n = _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM)
+      elif MODE == MODES.PIECES:
+        e, n = _system_scale(f64, base, K, key, valid, n_total, PER_SYSTEM, WORDS)
         half = -e // 2  # floor division: a * b = 2**-e, each a normal float
         half = tl.where(half * 2 > -e, half - 1, half)
         grow = pow2(frexp_exponent(n) + 2)
@@ -279,40 +294,40 @@ if triton is not None:
           qt = tl.zeros_like(q1)
       ones = tl.where(valid, weight, 0)  # int32: a tile's count is exact, in fewer registers
       if PER_SYSTEM:
-        if MODE == _EXTREMES:
+        if MODE == MODES.EXTREMES:
           _, a_run, b_run, n_run = tl.associative_scan((first, a_bits, b_bits, ones), 0,
                                                        _max_runs)
-          tl.atomic_max(scratch + base + R_BIG * K + key, a_run, mask=end)
-          tl.atomic_max(scratch + base + R_SMALL * K + key, b_run, mask=end)
-        elif MODE == _STEPS:
+          tl.atomic_max(scratch + base + WORDS.BIG * K + key, a_run, mask=end)
+          tl.atomic_max(scratch + base + WORDS.SMALL * K + key, b_run, mask=end)
+        elif MODE == MODES.STEPS:
           _, a_run, b_run, n_run = tl.associative_scan((first, a_bits, b_bits, ones), 0,
                                                        _max_runs)
-          tl.atomic_max(scratch + base + R_SUMS * K + key, a_run, mask=end)
-        elif MODE == _PIECES:
+          tl.atomic_max(scratch + base + WORDS.SUMS * K + key, a_run, mask=end)
+        elif MODE == MODES.PIECES:
           _, a_run, b_run, c_run, d_run = tl.associative_scan((first, q1, q2, qt, rest), 0,
                                                               _pieces_runs)
-          tl.atomic_add(f64 + base + R_Q1 * K + key, a_run, mask=end)
-          tl.atomic_add(f64 + base + R_Q2 * K + key, b_run, mask=end)
-          tl.atomic_add(f64 + base + R_QT * K + key, c_run, mask=end)
-          tl.atomic_add(f64 + base + R_REST * K + key, d_run, mask=end)
+          tl.atomic_add(f64 + base + WORDS.Q1 * K + key, a_run, mask=end)
+          tl.atomic_add(f64 + base + WORDS.Q2 * K + key, b_run, mask=end)
+          tl.atomic_add(f64 + base + WORDS.QT * K + key, c_run, mask=end)
+          tl.atomic_add(f64 + base + WORDS.REST * K + key, d_run, mask=end)
           n_run = ones
         else:
           terms = tl.where(valid, term, 0.0)
           _, h_run, l_run, n_run = tl.associative_scan(
               (first, terms, tl.zeros_like(terms), ones), 0, _sum_runs_compensated)
-          tl.atomic_add(f64 + base + R_SUMS * K + key, h_run + l_run, mask=end)
-          tl.atomic_add(scratch + base + R_RUNS * K + key, tl.full([BLOCK], 1, tl.int64),
+          tl.atomic_add(f64 + base + WORDS.SUMS * K + key, h_run + l_run, mask=end)
+          tl.atomic_add(scratch + base + WORDS.RUNS * K + key, tl.full([BLOCK], 1, tl.int64),
                         mask=end)
         if COUNTS:
-          tl.atomic_add(f64 + base + R_COUNT * K + key, n_run.to(tl.float64), mask=end)
+          tl.atomic_add(f64 + base + WORDS.COUNT * K + key, n_run.to(tl.float64), mask=end)
         if FLAG_LOW:
-          tl.atomic_max(scratch + base + R_LOW * K + key, tl.full([BLOCK], 1, tl.int64),
+          tl.atomic_max(scratch + base + WORDS.LOW * K + key, tl.full([BLOCK], 1, tl.int64),
                         mask=end)
       else:
-        if MODE == _EXTREMES or MODE == _STEPS:
+        if MODE == MODES.EXTREMES or MODE == MODES.STEPS:
           top = tl.maximum(top, a_bits)
           bottom = tl.maximum(bottom, b_bits)
-        elif MODE == _PIECES:
+        elif MODE == MODES.PIECES:
           acc_a += tl.where(valid, q1, 0.0)
           acc_b += tl.where(valid, q2, 0.0)
           acc_c += tl.where(valid, qt, 0.0)
@@ -322,16 +337,16 @@ if triton is not None:
     if PER_SYSTEM:
       worst_below = tl.max(below, axis=0)
       worst_above = tl.max(above, axis=0)
-      tl.atomic_max(scratch + LEAF_WORDS0 + 2 * leaf, worst_below, mask=worst_below > 0)
-      tl.atomic_max(scratch + LEAF_WORDS0 + 2 * leaf + 1, worst_above, mask=worst_above > 0)
+      tl.atomic_max(scratch + WORDS.LEAF_WORDS + 2 * leaf, worst_below, mask=worst_below > 0)
+      tl.atomic_max(scratch + WORDS.LEAF_WORDS + 2 * leaf + 1, worst_above, mask=worst_above > 0)
     else:
-      if MODE == _EXTREMES:
-        tl.atomic_max(scratch + base + R_BIG * K, tl.max(top, axis=0))
-        tl.atomic_max(scratch + base + R_SMALL * K, tl.max(bottom, axis=0))
-      elif MODE == _STEPS:
-        tl.atomic_max(scratch + base + R_SUMS * K, tl.max(top, axis=0))
+      if MODE == MODES.EXTREMES:
+        tl.atomic_max(scratch + base + WORDS.BIG * K, tl.max(top, axis=0))
+        tl.atomic_max(scratch + base + WORDS.SMALL * K, tl.max(bottom, axis=0))
+      elif MODE == MODES.STEPS:
+        tl.atomic_max(scratch + base + WORDS.SUMS * K, tl.max(top, axis=0))
       else:
-        slot = f64 + base + R_PARTS * K + (slot0 + pid) * PART_WORDS
+        slot = f64 + base + WORDS.PARTS * K + (slot0 + pid) * WORDS.PART_WORDS
         tl.store(slot, tl.sum(acc_a, axis=0))
         tl.store(slot + 1, tl.sum(acc_b, axis=0))
         tl.store(slot + 2, tl.sum(acc_c, axis=0))
@@ -339,7 +354,8 @@ if triton is not None:
 
   @triton.jit
   def apply_items(table, out, scratch, base, K, DTYPE: tl.constexpr, INT: tl.constexpr,
-                  PER_SYSTEM: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
+                  PER_SYSTEM: tl.constexpr, ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
+                  WORDS: tl.constexpr = WORDS, BITS: tl.constexpr = BITS):
     """One work item's outputs: each element kept, x*s to nearest or toward zero, or NaN.
 
     float32 elements round to nearest where their system's ``rn32`` says so, float64 where
@@ -347,7 +363,7 @@ if triton is not None:
     toward zero (x*s is exact in float64 for them). ``ALIGNED``: every leaf, and its place in
     ``out``, starts at a 16-byte boundary (see ``_load_tile``).
     """
-    x, ids, start, count, per_row, row = _work_item(table, DTYPE)
+    x, ids, start, count, per_row, row = _work_item(table, DTYPE, BITS)
     y_out = out + tl.load(row + 7)
     f64 = scratch.to(tl.pointer_type(tl.float64), bitcast=True)
     lanes = tl.arange(0, BLOCK)
@@ -360,12 +376,12 @@ if triton is not None:
         k = tl.load(ids + units // per_row, mask=m, other=0)
       else:
         k = tl.zeros([BLOCK], dtype=tl.int64)
-      action = tl.load(scratch + base + R_ACTION * K + k, mask=m, other=0)
-      s64 = tl.load(f64 + base + R_SCALE * K + k, mask=m, other=0.0)
+      action = tl.load(scratch + base + WORDS.ACTION * K + k, mask=m, other=0)
+      s64 = tl.load(f64 + base + WORDS.SCALE * K + k, mask=m, other=0.0)
       if DTYPE == tl.float32:
-        nearest = tl.load(scratch + base + R_RN32 * K + k, mask=m, other=1) != 0
+        nearest = tl.load(scratch + base + WORDS.RN32 * K + k, mask=m, other=1) != 0
       elif DTYPE == tl.float64:
-        nearest = tl.load(scratch + base + R_RN64 * K + k, mask=m, other=1) != 0
+        nearest = tl.load(scratch + base + WORDS.RN64 * K + k, mask=m, other=1) != 0
       else:
         nearest = tl.zeros([BLOCK], dtype=tl.int1)
       ptrs = x + units

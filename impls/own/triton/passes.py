@@ -26,8 +26,8 @@ from clipbench.impls.own.torch.floats import U64, gamma
 from clipbench.impls.own.torch.layout import Batch
 from clipbench.impls.own.torch.measure import Measured
 from clipbench.impls.own.triton import decision_kernel as dk
-from clipbench.impls.own.triton import kernels, layouts, scratch as S
-from clipbench.impls.own.triton.scratch import Scratch
+from clipbench.impls.own.triton import kernels, layouts
+from clipbench.impls.own.triton.scratch import WORDS, Scratch
 
 # Read once, as triton does: the interpreter is chosen before triton is first imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -115,29 +115,32 @@ class TritonKernels(EagerKernels):
     scratch = Scratch(K, len(batch.tensors), items, dev)
     norm64 = batch.norm64
     low = layout.low
+    modes, kinds = kernels.MODES, dk.KINDS
+
+    def measure(mode: int, **flags) -> None:
+      self._measure(scratch, groups, batch, layout.numel, mode, **flags)
+
     if kind == "step" and norm64:  # the exact path for every system: only the flags here
-      self._measure(scratch, groups, batch, layout.numel, kernels.EXTREMES, counts=True, low=low)
-      decide_kind = dk.EXACT
+      measure(modes.EXTREMES, counts=True, low=low)
+      decide_kind = kinds.EXACT
     elif kind == "step":
-      self._measure(scratch, groups, batch, layout.numel, kernels.STEPS, counts=True, low=False)
-      decide_kind = dk.STEP
+      measure(modes.STEPS, counts=True, low=False)
+      decide_kind = kinds.STEP
     elif kind == "sum" and p in (1.0, 2.0) and not norm64:
-      mode = kernels.SQUARES if p == 2 else kernels.MAGNITUDES
-      self._measure(scratch, groups, batch, layout.numel, mode, counts=True, low=False)
-      decide_kind = dk.SUM
+      measure(modes.SQUARES if p == 2 else modes.MAGNITUDES, counts=True, low=False)
+      decide_kind = kinds.SUM
     else:
-      self._measure(scratch, groups, batch, layout.numel, kernels.EXTREMES, counts=True, low=norm64 and low)
+      measure(modes.EXTREMES, counts=True, low=norm64 and low)
       if kind in ("max", "min"):
-        decide_kind = dk.MAX if kind == "max" else dk.MIN
+        decide_kind = kinds.MAX if kind == "max" else kinds.MIN
       elif norm64 and p in (1.0, 2.0):
-        self._measure(scratch, groups, batch, layout.numel, kernels.PIECES, square=p == 2, counts=False,
-                      low=False)
-        decide_kind = dk.PIECES
+        measure(modes.PIECES, square=p == 2, counts=False, low=False)
+        decide_kind = kinds.PIECES
       elif norm64:
-        decide_kind = dk.EXACT
+        decide_kind = kinds.EXACT
       else:
-        self._measure(scratch, groups, batch, layout.numel, kernels.POWERS, p=p, counts=False, low=False)
-        decide_kind = dk.POWER
+        measure(modes.POWERS, p=p, counts=False, low=False)
+        decide_kind = kinds.POWER
     self._check_ids_of_empty_leaves(scratch, batch, layout)
     depth = _unit_roundings(groups) if per_system else _depth(groups)
     self._decide(scratch, batch, layout, threshold, decide_kind, p, items, depth, certified, low)
@@ -153,7 +156,7 @@ class TritonKernels(EagerKernels):
     K = batch.num_systems
     for i in layout.empty_with_rows:
       lo, hi = torch.aminmax(batch.leaves[i].seg)
-      words = scratch.buffer[S.LEAF_WORDS + 2 * i:S.LEAF_WORDS + 2 * i + 2]
+      words = scratch.buffer[WORDS.LEAF_WORDS + 2 * i:WORDS.LEAF_WORDS + 2 * i + 2]
       words.copy_(torch.stack([(-lo).clamp(min=0), (hi - K + 1).clamp(min=0)]))
 
   def _measure(self, scratch: Scratch, groups, batch: Batch, numel: int, mode: int,
@@ -191,7 +194,8 @@ class TritonKernels(EagerKernels):
       dk.decide_systems[(triton_cdiv(K, DECIDE_BLOCK),)](
           scratch.buffer, scratch.base, K, len(batch.tensors), items, layout.numel, thr,
           thr_bits, _bits(p), _bits(float(depth)), _bits(rel), KIND=decide_kind,
-          P=int(p) if decide_kind in (dk.SUM, dk.PIECES) else 1, PER_SYSTEM=batch.per_system,
+          P=int(p) if decide_kind in (dk.KINDS.SUM, dk.KINDS.PIECES) else 1,
+          PER_SYSTEM=batch.per_system,
           NORM64=batch.norm64, PREC=prec, THRESHOLD=mode,
           CHECK_THRESHOLD=threshold.tensor is not None, CERTIFIED=certified,
           HAS32=torch.float32 in dtypes, HAS64=torch.float64 in dtypes, BLOCK=DECIDE_BLOCK,
@@ -202,30 +206,32 @@ class TritonKernels(EagerKernels):
     """The call's one host read, its argument errors, and the exact path where needed."""
     K = batch.num_systems
     words = scratch.summary.cpu().numpy()
-    plan = ScratchPlan(scratch.region(S.ACTION), scratch.region(S.SCALE, torch.float64),
-                       scratch.region(S.RN32), scratch.region(S.RN64),
-                       scratch.region(S.NORM, torch.float64), rtz32=bool(words[S.RTZ32]),
-                       host64=bool(words[S.HOST64]), scratch=scratch)
+    f64 = torch.float64
+    plan = ScratchPlan(scratch.region(WORDS.ACTION), scratch.region(WORDS.SCALE, f64),
+                       scratch.region(WORDS.RN32), scratch.region(WORDS.RN64),
+                       scratch.region(WORDS.NORM, f64), rtz32=bool(words[WORDS.RTZ32]),
+                       host64=bool(words[WORDS.HOST64]), scratch=scratch)
     read = {}
     if batch.per_system:
-      below, above = words[S.LEAF_WORDS::2], words[S.LEAF_WORDS + 1::2]
+      below, above = words[WORDS.LEAF_WORDS::2], words[WORDS.LEAF_WORDS + 1::2]
       ranges = [(-int(b) if b else 0, int(a) + K - 1 if a else max(K - 1, 0))
                 for (b, a), leaf in zip(zip(below, above), batch.leaves) if leaf.rows]
       read["seg_range"] = np.array(ranges, np.int64).reshape(-1)
     if threshold.tensor is not None:
-      first = K - int(words[S.BAD_THRESHOLD]) if words[S.BAD_THRESHOLD] else threshold.tensor.numel()
+      bad = int(words[WORDS.BAD_THRESHOLD])
+      first = K - bad if bad else threshold.tensor.numel()
       bits = 0
       if first < threshold.tensor.numel():
         bits = int(threshold.tensor[first].view(torch.int64).item())  # on the way to the error
       read[f"{threshold.name}:bad"] = np.array([first, bits], np.int64)
     decisions.raise_for_arguments(batch, threshold, read)
-    if words[S.OPEN_COUNT]:
+    if words[WORDS.OPEN_COUNT]:
       self._resolve(scratch, batch, threshold, kind, p, certified, plan)
     if plan.host64:
       decisions.scales_for_host_rows(plan)
     if not batch.per_system:
-      single = words[S.SINGLE:S.SINGLE + 4]
-      if words[S.OPEN_COUNT]:
+      single = words[WORDS.SINGLE:WORDS.SINGLE + 4]
+      if words[WORDS.OPEN_COUNT]:
         single = [plan.action.item(), plan.scale.view(torch.int64).item(), plan.rn32.item(),
                   plan.rn64.item()]
       plan.single = Single(int(single[0]), float(np.array([single[1]]).view(np.float64)[0]),
@@ -236,17 +242,17 @@ class TritonKernels(EagerKernels):
                certified: bool, plan: Plan) -> None:
     """The open systems, on the host: the eager route's exact path over the scratch data."""
     f64 = torch.float64
-    batch.counts = scratch.region(S.COUNT, f64)
+    batch.counts = scratch.region(WORDS.COUNT, f64)
     if batch.norm64 and batch.per_system and batch.prec == 24:  # float64 and narrower leaves
-      batch.prec = torch.where(scratch.region(S.LOW) != 0, 24, 53)
+      batch.prec = torch.where(scratch.region(WORDS.LOW) != 0, 24, 53)
     zero = torch.zeros(batch.num_systems, dtype=torch.bool, device=batch.device)
     measured = Measured(zero, zero, zero)
     if kind in ("max", "min"):
-      measured.values = scratch.region(S.VALUE, f64)
+      measured.values = scratch.region(WORDS.VALUE, f64)
     elif kind == "sum" and batch.norm64 and p in (1.0, 2.0):
       measured.pieces = Pieces(*(scratch.region(r, f64) for r in (
-          S.Q1, S.Q2, S.QT, S.REST, S.BOUND, S.E)))
-    open_ = scratch.region(S.OPEN) != 0
+          WORDS.Q1, WORDS.Q2, WORDS.QT, WORDS.REST, WORDS.BOUND, WORDS.E)))
+    open_ = scratch.region(WORDS.OPEN) != 0
     decisions.resolve_exactly(batch, measured, threshold.on(batch.device), kind, p, certified,
                               open_, plan)
 

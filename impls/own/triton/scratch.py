@@ -14,20 +14,58 @@ One int64 buffer per call (float64 regions are read through a float64 view of it
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-OPEN_COUNT, RTZ32, HOST64, BAD_THRESHOLD, SINGLE = 0, 1, 2, 3, 4  # summary words
-LEAF_WORDS = 8  # the first leaf's two words
-# Accumulators (zeroed): power sums (or the largest step's sum of squares, as bits), the bits
-# of max |x|, INF_BITS minus the bits of min |x|, element counts, "holds a 16/32-bit element",
-# the float64 pieces, and how many atomic additions a system's power sum received (its runs).
-SUMS, BIG, SMALL, COUNT, LOW, Q1, Q2, QT, REST, RUNS = range(10)
-ZEROED = 10
-# Written by the decision kernel: the float64 bound and exponent of the pieces, the exact
-# max/min |x| (for the host's exact path), then the plan.
-BOUND, E, VALUE, ACTION, SCALE, NORM, RN32, RN64, OPEN = range(10, 19)
-PARTS = 19
-PART_WORDS = 4
+
+class Words(NamedTuple):
+  """Where each part of the buffer lies: words of the summary, indices of per-system regions.
+
+  The kernels take :data:`WORDS` as a ``tl.constexpr`` argument's default, not as globals:
+  Triton compares every global a kernel reads with its value at compile time, at each launch
+  (over a microsecond each, and the decision kernel read some 45), while an argument's value
+  goes into the kernel's cache key (``docs/gpu.md``, section 14).
+  """
+
+  # The summary's words, then two words per leaf from LEAF_WORDS.
+  OPEN_COUNT: int = 0
+  RTZ32: int = 1
+  HOST64: int = 2
+  BAD_THRESHOLD: int = 3
+  SINGLE: int = 4  # four words
+  LEAF_WORDS: int = 8
+  # Accumulators (zeroed): power sums (or the largest step's sum of squares, as bits), the
+  # bits of max |x|, INF_BITS minus the bits of min |x|, element counts, "holds a 16/32-bit
+  # element", the float64 pieces, and how many atomic additions a system's power sum
+  # received (its runs).
+  SUMS: int = 0
+  BIG: int = 1
+  SMALL: int = 2
+  COUNT: int = 3
+  LOW: int = 4
+  Q1: int = 5
+  Q2: int = 6
+  QT: int = 7
+  REST: int = 8
+  RUNS: int = 9
+  ZEROED: int = 10  # regions zeroed for each call
+  # Written by the decision kernel: the float64 bound and exponent of the pieces, the exact
+  # max/min |x| (for the host's exact path), then the plan.
+  BOUND: int = 10
+  E: int = 11
+  VALUE: int = 12
+  ACTION: int = 13
+  SCALE: int = 14
+  NORM: int = 15
+  RN32: int = 16
+  RN64: int = 17
+  OPEN: int = 18
+  PARTS: int = 19  # then PART_WORDS per one-system work item
+  PART_WORDS: int = 4
+
+
+WORDS = Words()
 
 
 class Scratch:
@@ -35,10 +73,10 @@ class Scratch:
 
   def __init__(self, num_systems: int, num_leaves: int, items: int, device: torch.device):
     self.K = num_systems
-    self.base = LEAF_WORDS + 2 * num_leaves
-    size = self.base + PARTS * num_systems + PART_WORDS * items
+    self.base = WORDS.LEAF_WORDS + 2 * num_leaves
+    size = self.base + WORDS.PARTS * num_systems + WORDS.PART_WORDS * items
     self.buffer = torch.empty(size, dtype=torch.int64, device=device)
-    self.buffer[:self.base + ZEROED * num_systems].zero_()
+    self.buffer[:self.base + WORDS.ZEROED * num_systems].zero_()
 
   def region(self, index: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """The K words of a per-system region, as int64 or float64."""
