@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ ROW_UNITS = 8  # per-system sums read rows of at most this many elements as unit
 MAX_VEC = 1024  # elements of a row read at a time (a longer row is read in several steps)
 DECIDE_BLOCK = 256  # systems per decision program
 _LAUNCH = {"enable_fp_fusion": False}
+_DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 
 _TL_DTYPE = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
              torch.float64: "float64"}
@@ -57,7 +59,7 @@ def _tl(name: str):
 
 def _bits(value: float) -> int:
   """A float64 as the int64 of its bits (a kernel argument that stays float64)."""
-  return int(np.array([value], np.float64).view(np.int64)[0])
+  return _DOUBLE_BITS.unpack(_DOUBLE.pack(value))[0]
 
 
 @dataclasses.dataclass
@@ -234,7 +236,7 @@ class TritonKernels(EagerKernels):
       if words[WORDS.OPEN_COUNT]:
         single = [plan.action.item(), plan.scale.view(torch.int64).item(), plan.rn32.item(),
                   plan.rn64.item()]
-      plan.single = Single(int(single[0]), float(np.array([single[1]]).view(np.float64)[0]),
+      plan.single = Single(int(single[0]), _DOUBLE.unpack(_DOUBLE_BITS.pack(int(single[1])))[0],
                            bool(single[2]), bool(single[3]))
     return plan
 
