@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of docs/gpu.md in one command, on a lent card without network (section 7):
-# issue 30's timed targets, where the Triton route's host time goes, and the GPU report.
+# issue 30's timed targets, where the Triton route's host time goes (its launcher among
+# it), and the GPU report.
 #
 #   benchmarks/lent_gpu_run.sh WHEELS_DIR OUT_DIR
 #
@@ -57,6 +58,10 @@ for name in ("W2-relax", "W4-many-small", "W1-model"):
   print(text.getvalue())
 EOF
 grep "=====" "$out/host-profile.txt"
+
+echo "== Triton's launcher on this host (section 14)"
+timeout "${LAUNCHER_SECONDS:-60}" python3 -m clipbench.benchmarks.triton_launcher \
+  --output "$out/launcher.csv" 2>&1 | tail -6
 
 echo "== GPU report"
 timeout "${REPORT_SECONDS:-270}" python3 -m clipbench.benchmarks.gpu_check --out /tmp/gpu-report \
