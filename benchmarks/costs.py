@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from clipbench.benchmarks import timing, workloads
+from clipbench.benchmarks import script_args, timing, workloads
 
 # The implementations counted by default: our torch routes and the torch peers they answer to.
 DEFAULT_IMPLS: tuple[str, ...] = (
@@ -336,21 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
       description="Operators, Triton launches and host transfers per call (see the module doc).")
   parser.add_argument("--impl", action="append", help="implementation (repeatable; default: "
                       + ", ".join(DEFAULT_IMPLS) + ")")
-  parser.add_argument("--workload", action="append", help="workload (repeatable; default: "
-                      + ", ".join(DEFAULT_WORKLOADS) + ")")
+  script_args.add_workloads_and_scale(parser, DEFAULT_WORKLOADS)
   parser.add_argument("--dtype", action="append", help="leaf dtype (repeatable; default float32)")
-  parser.add_argument("--scale", type=float, default=1.0,
-                      help="fraction of the workloads' stated sizes (default 1)")
   parser.add_argument("--output", help="also write the table as CSV to this path")
   args = parser.parse_args(argv)
-  if not 0 < args.scale <= 1:
-    parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
+  names = script_args.checked_workloads(parser, args, DEFAULT_WORKLOADS)
   impls = args.impl or list(DEFAULT_IMPLS)
-  names = args.workload or list(DEFAULT_WORKLOADS)
   dtypes = args.dtype or ["float32"]
   try:
-    for name in names:
-      workloads.get(name)
     for dtype in dtypes:
       workloads.numpy_dtype(dtype)
     from clipbench.impls import registry  # pylint: disable=import-outside-toplevel

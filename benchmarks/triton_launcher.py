@@ -31,7 +31,7 @@ import sys
 import timeit
 from typing import Any, Iterator, Sequence
 
-from clipbench.benchmarks import timing, workloads
+from clipbench.benchmarks import script_args, timing, workloads
 from clipbench.impls.registry import Implementation
 
 DEFAULT_WORKLOADS: tuple[str, ...] = ("W2-relax", "W2-relax-max-step", "W1-model")
@@ -107,6 +107,9 @@ def launches_of(workload_name: str, dtype: str = "float32", scale: float = 1.0,
     raise ValueError("TRITON_INTERPRET=1 is set: under the interpreter nothing is compiled")
   from triton.runtime.driver import driver  # pylint: disable=import-outside-toplevel
   workload = workloads.get(workload_name)
+  too_big = workloads.host_skip_reason(workload, "cpu", scale)
+  if too_big:  # its leaves are built on this host
+    raise ValueError(f"workload: {too_big}")
   inputs = workload.build(scale, dtype)
   route = _triton_route()
   impl = Implementation(name="clipbench.triton", target="", kind="own", library="",
@@ -130,20 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m clipbench.benchmarks.triton_launcher",
       description="Triton's launcher per call of clipbench.triton, on the host (module doc).")
-  parser.add_argument("--workload", action="append", help="workload (repeatable; default: "
-                      + ", ".join(DEFAULT_WORKLOADS) + ")")
+  script_args.add_workloads_and_scale(parser, DEFAULT_WORKLOADS)
   parser.add_argument("--dtype", default="float32", help="leaf dtype (default float32)")
-  parser.add_argument("--scale", type=float, default=1.0,
-                      help="fraction of the workloads' stated sizes (default 1)")
   parser.add_argument("--arch", type=int, default=90, help="compute capability (90: sm_90)")
   parser.add_argument("--output", help="also write the table as CSV to this path")
   args = parser.parse_args(argv)
-  if not 0 < args.scale <= 1:
-    parser.error(f"--scale: expected a fraction in (0, 1], got {args.scale}")
-  names = args.workload or list(DEFAULT_WORKLOADS)
+  names = script_args.checked_workloads(parser, args, DEFAULT_WORKLOADS)
   try:
-    for name in names:
-      workloads.get(name)
     workloads.numpy_dtype(args.dtype)
   except ValueError as e:
     parser.error(str(e))
@@ -151,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error("TRITON_INTERPRET=1 is set: unset it (under the interpreter nothing is "
                  "compiled)")
   import pandas as pd  # pylint: disable=import-outside-toplevel
+  for name in names:
+    too_big = workloads.host_skip_reason(workloads.get(name), "cpu", args.scale)
+    if too_big:
+      parser.error(f"--workload: {too_big} (its leaves are built on this host: pass --scale)")
   records = []
   for name in names:
     for launch in launches_of(name, args.dtype, args.scale, args.arch):

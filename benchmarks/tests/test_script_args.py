@@ -1,5 +1,5 @@
-"""The standalone benchmark scripts' shared ``--scale``, ``--repeats`` and ``--norm-type``
-checks."""
+"""The standalone benchmark scripts' shared ``--scale``, ``--repeats``, ``--norm-type`` and
+``--workload`` checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import argparse
 import pytest
 
 from clipbench.benchmarks.script_args import (add_norm_type, add_scale_and_repeats,
-                                               check_norm_type, check_scale_and_repeats)
+                                               add_workloads_and_scale, check_norm_type,
+                                               check_scale_and_repeats, checked_workloads)
 
 
 def _parse(argv):
@@ -61,3 +62,26 @@ def test_what_is_not_a_norm_exits_naming_the_argument(capsys, value):
   assert exited.value.code == 2
   assert f"--norm-type: expected at least 1, inf or -inf, got {float(value)}" in (
       capsys.readouterr().err)
+
+
+def _workloads(argv):
+  parser = argparse.ArgumentParser(prog="script")
+  add_workloads_and_scale(parser, ("W2-relax", "W1-model"))
+  args = parser.parse_args(argv)
+  return checked_workloads(parser, args, ("W2-relax", "W1-model")), args.scale
+
+
+def test_workloads_default_or_as_asked():
+  assert _workloads([]) == (["W2-relax", "W1-model"], 1.0)
+  assert _workloads(["--workload", "W4-many-small", "--scale", "0.5"]) == (["W4-many-small"], 0.5)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workload", "W9"], "unknown workload 'W9'"),
+    (["--scale", "2"], "--scale: expected a fraction in (0, 1], got 2.0")])
+def test_an_unknown_workload_or_a_bad_scale_exits_naming_it(capsys, argv, message):
+  with pytest.raises(SystemExit) as exited:
+    _workloads(argv)
+  assert exited.value.code == 2
+  assert message in capsys.readouterr().err
+
