@@ -100,20 +100,27 @@ def _recorded(launches: list) -> Iterator[None]:
     jit.JITFunction.run = run
 
 
+def check_runnable(workload_name: str, scale: float) -> None:
+  """Raises ValueError, saying why, where this process cannot measure the workload: under the
+  interpreter (nothing is compiled), or a GPU-sized workload whose leaves at this scale are
+  too big to build on this host."""
+  if os.environ.get("TRITON_INTERPRET") == "1":
+    raise ValueError("TRITON_INTERPRET=1 is set: unset it (under the interpreter nothing is "
+                     "compiled)")
+  too_big = workloads.host_skip_reason(workloads.get(workload_name), "cpu", scale)
+  if too_big:
+    raise ValueError(f"workload: {too_big} (its leaves are built on this host: pass --scale)")
+
+
 def launches_of(workload_name: str, dtype: str = "float32", scale: float = 1.0,
                 arch: int = 90) -> list[Launch]:
   """The launches of one call on the workload, each through Triton's ``run`` (module doc)."""
-  if os.environ.get("TRITON_INTERPRET") == "1":
-    raise ValueError("TRITON_INTERPRET=1 is set: under the interpreter nothing is compiled")
+  check_runnable(workload_name, scale)
   from triton.runtime.driver import driver  # pylint: disable=import-outside-toplevel
   workload = workloads.get(workload_name)
-  too_big = workloads.host_skip_reason(workload, "cpu", scale)
-  if too_big:  # its leaves are built on this host
-    raise ValueError(f"workload: {too_big}")
   inputs = workload.build(scale, dtype)
-  route = _triton_route()
   impl = Implementation(name="clipbench.triton", target="", kind="own", library="",
-                               available=True, obj=route, framework="torch")
+                        available=True, obj=_triton_route(), framework="torch")
   prepared = timing.prepare(impl, workload, inputs, "cpu")
   recorded: list = []
   with _recorded(recorded):
@@ -141,16 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   names = script_args.checked_workloads(parser, args, DEFAULT_WORKLOADS)
   try:
     workloads.numpy_dtype(args.dtype)
+    for name in names:  # before any compilation
+      check_runnable(name, args.scale)
   except ValueError as e:
     parser.error(str(e))
-  if os.environ.get("TRITON_INTERPRET") == "1":
-    parser.error("TRITON_INTERPRET=1 is set: unset it (under the interpreter nothing is "
-                 "compiled)")
   import pandas as pd  # pylint: disable=import-outside-toplevel
-  for name in names:
-    too_big = workloads.host_skip_reason(workloads.get(name), "cpu", args.scale)
-    if too_big:
-      parser.error(f"--workload: {too_big} (its leaves are built on this host: pass --scale)")
   records = []
   for name in names:
     for launch in launches_of(name, args.dtype, args.scale, args.arch):

@@ -24,7 +24,8 @@ _SCRIPT = """
 import json
 from clipbench.benchmarks import triton_launcher
 triton_launcher.ROUNDS, triton_launcher.REPEATS = 5, 1
-out = {w: [(l.kernel, l.checked_globals, l.run_us) for l in triton_launcher.launches_of(w, scale=0.01)]
+out = {w: [(l.kernel, l.checked_globals, l.run_us)
+           for l in triton_launcher.launches_of(w, scale=0.01)]
        for w in ("W2-relax", "W1-model")}
 print(json.dumps(out))
 """

@@ -45,14 +45,15 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
                                                                               "bfloat16")
   measure_sig = {"table": "*i64", "scratch": "*i64", "base": "i64", "K": "i64",
                  "n_total": "i64", "slot0": "i64", "p_bits": "i64"}
-  modes = range(6) if everything else (kernels.MODES.SQUARES, kernels.MODES.STEPS, kernels.MODES.PIECES)
-  for dtype, mode, per_system, aligned in itertools.product(dtypes, modes, (True, False),
-                                                           (True, False)):
+  modes = kernels.MODES
+  chosen_modes = modes if everything else (modes.SQUARES, modes.STEPS, modes.PIECES)
+  for dtype, mode, per_system, aligned in itertools.product(dtypes, chosen_modes,
+                                                           (True, False), (True, False)):
     # Rows read at a time: step vectors (longer ones in parts of 1,024, one row a tile), and
     # per system the short rows of sums; elements otherwise.
-    if mode == kernels.MODES.STEPS:
+    if mode == modes.STEPS:
       vecs = (4, 1024) if everything else (4,)
-    elif per_system and mode in (kernels.MODES.SQUARES, kernels.MODES.MAGNITUDES):
+    elif per_system and mode in (modes.SQUARES, modes.MAGNITUDES):
       vecs = (1, 4)
     else:
       vecs = (1,)
@@ -71,15 +72,16 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
   decide_sig = {"scratch": "*i64", "base": "i64", "K": "i64", "n_leaves": "i64",
                 "n_items": "i64", "n_total": "i64", "thr": "*fp64", "thr_bits": "i64",
                 "p_bits": "i64", "depth_bits": "i64", "rel_bits": "i64"}
-  kinds = range(7) if everything else (dk.KINDS.SUM, dk.KINDS.PIECES)
-  for kind, per_system, ones in itertools.product(kinds, (True, False), (False, True)):
-    norm64 = kind in (dk.KINDS.PIECES, dk.KINDS.EXACT) or (kind in (dk.KINDS.MAX, dk.KINDS.MIN) and per_system)
+  kinds = dk.KINDS
+  chosen_kinds = kinds if everything else (kinds.SUM, kinds.PIECES)
+  for kind, per_system, ones in itertools.product(chosen_kinds, (True, False), (False, True)):
+    norm64 = kind in (kinds.PIECES, kinds.EXACT) or (kind in (kinds.MAX, kinds.MIN) and per_system)
     signature, constants = dict(decide_sig), {}
     if ones:  # every integer argument equal to 1: Triton compiles them as constants
       constants = {name: 1 for name in ("K", "n_leaves", "n_total", "thr_bits", "p_bits",
                                         "depth_bits", "rel_bits")}
       signature = {k: v for k, v in signature.items() if k not in constants}
-    constants.update(KIND=kind, P=2 if kind in (dk.KINDS.SUM, dk.KINDS.PIECES) else 1,
+    constants.update(KIND=kind, P=2 if kind in (kinds.SUM, kinds.PIECES) else 1,
                      PER_SYSTEM=per_system, NORM64=norm64, PREC=0 if norm64 else 24,
                      THRESHOLD=0, CHECK_THRESHOLD=False, CERTIFIED=True, HAS32=True,
                      HAS64=norm64, BLOCK=256)
