@@ -227,6 +227,26 @@ def test_run_totals_keep_the_rounding_errors_either_way():
   assert math.isnan(h1[2] + l1[2]) and math.isnan(h2[2] + l2[2])
 
 
+def test_per_system_tiles_are_no_wider_than_the_longest_item():
+  # A per-system scan runs over its whole tile, masked units included: a launch whose items
+  # are all short scans the next power of two above the longest (MIN_SYSTEM_TILE at least),
+  # a long one SYSTEM_BLOCK elements' worth; one-system tiles (no scan) stay BLOCK elements.
+  from clipbench.impls.own.torch.layout import Leaf
+  from clipbench.impls.own.triton import passes, tables
+
+  def tile(rows, per_system, vec):
+    leaves = [(i, Leaf(torch.zeros(n, 3), n, 3, 3, None)) for i, n in enumerate(rows)]
+    return passes._measure_tile(per_system, vec, tables.work_items(leaves, torch.device("cpu"),
+                                                                   steps=vec > 1))
+
+  assert passes.MIN_SYSTEM_TILE == 32 and passes.SYSTEM_BLOCK == 512 and passes.BLOCK == 1024
+  # Elements as units: 15, 120 (the longest of two leaves), 6,000 (items of 2,048).
+  assert [tile(rows, True, 1) for rows in ([5], [40, 5], [2000])] == [32, 128, 512]
+  # Rows of 3 read 4 at a time: 5, 40 and 2,000 rows.
+  assert [tile(rows, True, 4) for rows in ([5], [40], [2000])] == [32, 64, 128]
+  assert [tile(rows, False, vec) for rows in ([5], [2000]) for vec in (1, 4)] == [1024, 256] * 2
+
+
 def test_full_tiles_tails_items_and_unaligned_leaves_give_the_eager_bits(monkeypatch):
   # Tiles of 16-byte aligned leaves are read and written unmasked and 16 bytes at a time on a
   # GPU; a leaf that starts elsewhere (a view one element in) takes the masked way for its

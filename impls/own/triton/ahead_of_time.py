@@ -27,7 +27,7 @@ import sys
 from typing import Iterator, Sequence
 
 from clipbench.impls.own.triton import decision_kernel as dk
-from clipbench.impls.own.triton import kernels
+from clipbench.impls.own.triton import kernels, passes
 
 # float64 constants the decision kernel must hold exactly, as PTX writes them.
 EXACT_CONSTANTS = {"1 + 2**-50": 1 + 2.0 ** -50, "1 - 2**-50": 1 - 2.0 ** -50,
@@ -58,10 +58,15 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
     else:
       vecs = (1,)
     for vec in vecs:
-      yield kernels.measure_items, measure_sig, {
-          "DTYPE": getattr(tl, dtype), "MODE": mode, "PER_SYSTEM": per_system,
-          "COUNTS": per_system, "FLAG_LOW": per_system and dtype != "float64", "SQUARE": True,
-          "VEC": vec, "ALIGNED": aligned, "BLOCK": max(1, 512 // vec)}
+      full = max(1, (passes.SYSTEM_BLOCK if per_system else passes.BLOCK) // vec)
+      # Per system, a launch of short items scans a narrower tile, down to MIN_SYSTEM_TILE
+      # (passes._measure_tile): the narrowest too, where it is narrower.
+      for block in (full, passes.MIN_SYSTEM_TILE) if per_system and (
+          everything or mode == modes.SQUARES) and full > passes.MIN_SYSTEM_TILE else (full,):
+        yield kernels.measure_items, measure_sig, {
+            "DTYPE": getattr(tl, dtype), "MODE": mode, "PER_SYSTEM": per_system,
+            "COUNTS": per_system, "FLAG_LOW": per_system and dtype != "float64",
+            "SQUARE": True, "VEC": vec, "ALIGNED": aligned, "BLOCK": block}
   pointer = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16", "float64": "*fp64"}
   ints = {"float32": "int32", "float64": "int64", "bfloat16": "int16", "float16": "int16"}
   for dtype, per_system, aligned in itertools.product(dtypes, (True, False), (True, False)):

@@ -102,7 +102,11 @@ if triton is not None:
     ``(units * 2**-53)**2`` of the exact total whatever tree the scan combines in, and ``n``
     its units. An infinite or NaN ``h`` carries no error term."""
     cut = f2 != 0
-    s, err = two_sum(h1, h2)
+    # two_sum(h1, h2), written out: the interpreter's scan calls this function once per unit,
+    # and each call of a device function from it re-patches triton.language (milliseconds).
+    s = h1 + h2
+    bb = s - h1
+    err = (h1 - (s - bb)) + (h2 - bb)
     err = tl.where(tl.abs(s) < float("inf"), err, 0.0)
     return (f1 | f2, tl.where(cut, h2, s), tl.where(cut, l2, (l1 + l2) + err),
             tl.where(cut, n2, n1 + n2))

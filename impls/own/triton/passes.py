@@ -27,7 +27,7 @@ from clipbench.impls.own.torch.floats import U64, gamma
 from clipbench.impls.own.torch.layout import Batch
 from clipbench.impls.own.torch.measure import Measured
 from clipbench.impls.own.triton import decision_kernel as dk
-from clipbench.impls.own.triton import kernels, layouts
+from clipbench.impls.own.triton import kernels, layouts, tables
 from clipbench.impls.own.triton.scratch import WORDS, Scratch
 
 # Read once, as triton does: the interpreter is chosen before triton is first imported.
@@ -39,6 +39,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
 # H200 (docs/gpu.md, section 11).
 BLOCK = 1024
 SYSTEM_BLOCK = 512
+# The narrowest per-system tile: a launch whose items are all short scans tiles no wider than
+# its longest item (the next power of two), not SYSTEM_BLOCK units mostly masked off.
+MIN_SYSTEM_TILE = 32
 APPLY_BLOCK = 1024
 WARPS = 4
 ROW_UNITS = 8  # per-system sums read rows of at most this many elements as units (0: never)
@@ -171,7 +174,7 @@ class TritonKernels(EagerKernels):
           _bits(p), DTYPE=_tl(_TL_DTYPE[dtype]), MODE=mode, PER_SYSTEM=batch.per_system,
           COUNTS=counts and batch.per_system, FLAG_LOW=low and dtype != torch.float64,
           SQUARE=square, VEC=vec, ALIGNED=table.aligned,
-          BLOCK=max(1, _tile(batch.per_system) // vec), num_warps=WARPS, **_LAUNCH)
+          BLOCK=_measure_tile(batch.per_system, vec, table), num_warps=WARPS, **_LAUNCH)
       slot += table.items
 
   def _decide(self, scratch: Scratch, batch: Batch, layout: layouts.Layout,
@@ -303,8 +306,16 @@ class TritonKernels(EagerKernels):
       with_host_rows(leaf.matrix(), leaf.seg, out[i].view(leaf.rows, leaf.width), plan)
 
 
-def _tile(per_system: bool) -> int:
-  return SYSTEM_BLOCK if per_system else BLOCK
+def _measure_tile(per_system: bool, vec: int, table: tables.Table) -> int:
+  """Units per tile of a measure launch: BLOCK (SYSTEM_BLOCK per system) elements, as units
+  of ``vec``. Per system, no wider than the launch's longest item: a segmented scan runs over
+  its whole tile, masked units included, and under the interpreter it is a Python loop over
+  them (short items are what most tests and conformance cases hold). One-system tiles have no
+  scan, and narrowing them would only add compiled variants."""
+  full = max(1, (SYSTEM_BLOCK if per_system else BLOCK) // vec)
+  if not per_system:
+    return full
+  return min(full, max(MIN_SYSTEM_TILE, 1 << (table.longest - 1).bit_length()))
 
 
 def _depth(groups) -> int:

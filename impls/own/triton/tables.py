@@ -42,12 +42,14 @@ ALIGNMENT = 16  # bytes: where a leaf must start for the kernels' 16-byte loads
 @dataclasses.dataclass(frozen=True)
 class Table:
   """A group's work items on the device: how many, of how many units each (the last of a leaf
-  holds the rest), how many units in all, and whether every leaf (and its place in the output
+  holds the rest), the most units one item holds (less than ``item_units`` when every leaf is
+  shorter), how many units in all, and whether every leaf (and its place in the output
   buffer) starts at an :data:`ALIGNMENT` boundary."""
 
   rows: torch.Tensor  # (items, NCOL) int64
   items: int
   item_units: int
+  longest: int
   units: int
   aligned: bool
 
@@ -73,7 +75,8 @@ def work_items(leaves: list[tuple[int, Leaf]], device: torch.device, steps: bool
   itemsize = leaves[0][1].x.element_size()
   aligned = bool(np.all(rows[:, 0] % ALIGNMENT == 0)
                  and np.all(rows[:, 7] * itemsize % ALIGNMENT == 0))
-  return Table(device_rows, rows.shape[0], size, int(rows[:, 3].sum()), aligned)
+  return Table(device_rows, rows.shape[0], size, int(rows[:, 3].max()), int(rows[:, 3].sum()),
+               aligned)
 
 
 def _rows(leaves: list[tuple[int, Leaf]], steps: bool, out_offsets: list[int] | None,
