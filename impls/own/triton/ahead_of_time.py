@@ -60,7 +60,7 @@ def _specializations(everything: bool) -> Iterator[tuple[object, dict, dict]]:
     for vec in vecs:
       full = max(1, (passes.SYSTEM_BLOCK if per_system else passes.BLOCK) // vec)
       # Per system, a launch of short items scans a narrower tile, down to MIN_SYSTEM_TILE
-      # (passes._measure_tile): the narrowest too, where it is narrower.
+      # (passes._measure_tile): that narrowest tile is compiled too.
       for block in (full, passes.MIN_SYSTEM_TILE) if per_system and (
           everything or mode == modes.SQUARES) and full > passes.MIN_SYSTEM_TILE else (full,):
         yield kernels.measure_items, measure_sig, {
