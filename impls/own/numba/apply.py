@@ -189,16 +189,26 @@ def apply_range(addr, out_addr, size, code, table, start, n, how):
       o16[i] = f16_from_f32_rtz(b) | (np.uint16(0x8000) if neg else np.uint16(0))
 
 
+@njit(**JIT)
+def apply_range_apart(addr, out_addr, size, code, table, start, n, how):
+  """``apply_range`` compiled once as a function of its own, for the fused routes, which
+  reach it only for runs of at least STREAM_MIN elements or for rare decisions (NaN fill, a
+  factor that needs float64): beside such a run a call costs nothing, while inlining every
+  branch of ``apply_range`` into each fused kernel took most of their compilation
+  (docs/cpu-kernels.md, "Compilation time"). The same loops, so the same bits."""
+  apply_range(addr, out_addr, size, code, table, start, n, how)
+
+
 @njit(inline="always", **JIT)
 def apply_run_f32(addr, out_addr, size, table, start, n, how):
   """``apply_range`` for a float32 run of the fused routes (no zero mode, 24-bit factors):
-  short kept or scaled runs straight through pointers, the rest by ``apply_range``. The same
+  short kept or scaled runs straight through pointers, the rest by ``apply_range_apart``. The same
   loops on the same elements, so the same bits; a tiny system (W5: 2-8 atoms) costs about
   half as much without ``apply_range``'s six views, slices and overlap-checked copy."""
   act, sm, se, sv, zero_sys, precise = how
   if (n >= STREAM_MIN or zero_sys or precise or act == decision.NAN_FILL or
       (act == decision.SCALE and np.float64(np.float32(sv)) != sv)):
-    apply_range(addr, out_addr, size, F32, table, start, n, how)
+    apply_range_apart(addr, out_addr, size, F32, table, start, n, how)
     return
   xs = numba.carray(ptr_u32(addr + 4 * start), n)
   os = numba.carray(ptr_u32(out_addr + 4 * start), n)
