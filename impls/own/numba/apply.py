@@ -202,9 +202,9 @@ def apply_range_apart(addr, out_addr, size, code, table, start, n, how):
 @njit(inline="always", **JIT)
 def apply_run_f32(addr, out_addr, size, table, start, n, how):
   """``apply_range`` for a float32 run of the fused routes (no zero mode, 24-bit factors):
-  short kept or scaled runs straight through pointers, the rest by ``apply_range_apart``. The same
-  loops on the same elements, so the same bits; a tiny system (W5: 2-8 atoms) costs about
-  half as much without ``apply_range``'s six views, slices and overlap-checked copy."""
+  short kept or scaled runs straight through pointers, the rest by ``apply_range_apart``.
+  The same loops on the same elements, so the same bits; a tiny system (W5: 2-8 atoms) costs
+  about half as much without ``apply_range``'s six views, slices and overlap-checked copy."""
   act, sm, se, sv, zero_sys, precise = how
   if (n >= STREAM_MIN or zero_sys or precise or act == decision.NAN_FILL or
       (act == decision.SCALE and np.float64(np.float32(sv)) != sv)):
