@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import itertools
 
-import hypothesis
 import pytest
 
-from clipbench.conformance import rules, strategies
+from clipbench.conformance import generation, rules, strategies
 from clipbench.conformance.cases import Case, cases_for
 from clipbench.conformance.running import SESSION, not_applicable
 
@@ -114,16 +113,14 @@ def _strategy(target):
 
 
 def _hypothesis_check(target, check, rule):
-  @hypothesis.given(data=hypothesis.strategies.data())
-  def run(data):
-    inputs = data.draw(_strategy(target), label="inputs")
+  def one(inputs):
     case = Case(f"generated-{next(_counter)}", (rule,), lambda op, inputs=inputs: inputs)
     try:
       check(target, lambda: rules.VERIFY[rule](target.impl, target.op, case), inputs)
     finally:
       SESSION.forget(case)
 
-  run()
+  generation.check_generated(_strategy(target), one)
 
 
 @pytest.mark.conformance(rule=3, cases=generated(3))
