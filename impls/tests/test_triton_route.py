@@ -77,6 +77,34 @@ def test_triton_bits_equal_the_eager_cuda_route_bits(dtype):
     assert [_bits(x) for x in got[0] + [got[1]]] == [_bits(x) for x in want[0] + [want[1]]]
 
 
+
+def test_bfloat16_subnormals_in_and_out_give_the_eager_bits():
+  """bfloat16 has float32's exponent range, so its subnormals sit below 2**-126: read
+  (leaves of subnormals only) and written (small normal leaves clipped hard). The
+  interpreter's own bfloat16 conversions lose them."""
+  from clipbench.impls.own.triton import implementation as triton_impl
+  rng = np.random.default_rng(31)
+  tiny = torch.tensor(rng.standard_normal((6, 3)) * 2.0 ** -130).to(torch.bfloat16)
+  small = torch.tensor(rng.standard_normal((5, 3)) * 2.0 ** -72).to(torch.bfloat16)
+  leaves, segments = [tiny, small], [torch.tensor([0, 0, 1, 1, 1, 2]), torch.tensor([2] * 5)]
+  assert 0 < float(tiny.abs().max()) < 2.0 ** -126
+  kwargs = {"segments": segments, "num_systems": 3}
+  for p in (2.0, 1.0, math.inf, 3.0):
+    for c in (1.0, 2.0 ** -128, 2.0 ** -140):  # kept; subnormal systems clipped; all clipped
+      with branches.accelerator_branches():
+        want = eager.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+        want_global = eager.clip_grad_norm(leaves, c, norm_type=p)
+      got = triton_impl.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+      got_global = triton_impl.clip_grad_norm(leaves, c, norm_type=p)
+      for (outs, norm), (ref_outs, ref_norm) in ((got, want), (got_global, want_global)):
+        assert _bits(norm) == _bits(ref_norm), (p, c)
+        assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs], (p, c)
+  for c in (1.0, 2.0 ** -128, 2.0 ** -140):
+    with branches.accelerator_branches():
+      want = eager.clip_by_max_step(leaves, c, **kwargs)
+    got = triton_impl.clip_by_max_step(leaves, c, **kwargs)
+    assert [_bits(x) for x in got[0] + [got[1]]] == [_bits(x) for x in want[0] + [want[1]]], c
+
 def _run_decision_kernel(K, kind, p, regions, threshold, norm64=False, unit_roundings=0):
   """The decision kernel on measured values written straight into a scratch buffer."""
   from clipbench.impls.own.triton import decision_kernel as dk

@@ -133,9 +133,24 @@ if triton is not None:
             tl.load(row + 2), tl.load(row + 3), tl.load(row + 4), row)
 
   @triton.jit
+  def _widened(v):
+    """``v`` in float64, exactly. bfloat16 through its bits: the interpreter's bfloat16
+    conversions lose subnormals (bfloat16 has float32's exponent range), and on CUDA the
+    hardware conversion is this same shift."""
+    if v.dtype == tl.bfloat16:
+      v = (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return v.to(tl.float64)
+
+  @triton.jit
+  def _bfloat16_toward_zero(v):
+    """float32 ``v`` cut to bfloat16 toward zero: its top 16 bits (the interpreter's own cast
+    loses subnormals)."""
+    return (v.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+  @triton.jit
   def _load_f64(ptrs, mask):
     # No `other=` constant: the interpreter cannot build bfloat16 constants.
-    return tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float64), 0.0)
+    return tl.where(mask, _widened(tl.load(ptrs, mask=mask)), 0.0)
 
   # Tiles of a 16-byte aligned leaf: its pointers are stated to be contiguous over the tile,
   # from a 16-byte aligned first element (items and tiles start at multiples of the tile), and
@@ -254,7 +269,7 @@ if triton is not None:
         if ALIGNED:
           ptrs = tl.max_contiguous(tl.multiple_of(ptrs, 16), BLOCK)
         full = off + BLOCK <= count
-        v = tl.where(valid, _load_tile(ptrs, valid, full, ALIGNED).to(tl.float64), 0.0)
+        v = tl.where(valid, _widened(_load_tile(ptrs, valid, full, ALIGNED)), 0.0)
         weight = 1
       if MODE == MODES.EXTREMES:
         a_bits = tl.where(valid, v.to(tl.int64, bitcast=True) & BITS.SIGN_OFF, 0)
@@ -400,11 +415,14 @@ if triton is not None:
         y = rn
       else:
         rn = (xv.to(tl.float32) * s64.to(tl.float32)).to(DTYPE)
-        exact = xv.to(tl.float64) * s64
+        exact = _widened(xv) * s64
         # Through float32: the interpreter's float64 -> bfloat16 cast is broken. Either
         # neighbour of the exact value will do: the next lines round toward zero.
-        y = exact.to(tl.float32).to(DTYPE)
-      over = tl.abs(y.to(tl.float64)) > tl.abs(exact)
+        if DTYPE == tl.bfloat16:
+          y = _bfloat16_toward_zero(exact.to(tl.float32))
+        else:
+          y = exact.to(tl.float32).to(DTYPE)
+      over = tl.abs(_widened(y)) > tl.abs(exact)
       bits = y.to(INT, bitcast=True)
       rtz = tl.where(over, bits - 1, bits).to(DTYPE, bitcast=True)
       nan = tl.full([BLOCK], float("nan"), dtype=tl.float32).to(DTYPE)
