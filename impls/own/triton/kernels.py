@@ -16,8 +16,9 @@ section 13). One system (no ids): each program writes its item's partials to a s
 own, reduced in item order by the decision kernel.
 
 Interpreter workarounds, harmless on CUDA: no ``other=`` constants in float loads (the
-interpreter cannot build bfloat16 constants), float64 -> bfloat16 casts go through float32
-(the interpreter's direct cast is wrong; the rounding toward zero below takes either
+interpreter cannot build bfloat16 constants), bfloat16 is widened and cut through its bits
+(the interpreter's bfloat16 conversions lose subnormals; the hardware's is the same shift),
+float64 -> bfloat16 casts go through float32 (the rounding toward zero below takes either
 neighbour), general p uses ``exp2(p * log2 y)`` (no ``pow`` in the interpreter) with a
 correspondingly larger certified error. Launched with ``enable_fp_fusion=False``: no
 multiply-add is contracted, as in the interpreter and in eager torch.
