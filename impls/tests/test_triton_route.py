@@ -48,6 +48,20 @@ def _batch(rng, dtype, sorted_ids):
   return leaves, segments, K
 
 
+def _assert_global_norms_give_the_eager_bits(leaves, kwargs, p, c, c_global, context):
+  """Triton's clip_by_global_norm (threshold ``c``, ``kwargs``' systems) and clip_grad_norm
+  (``c_global``) give the eager CUDA route's bits, outputs and norms."""
+  from clipbench.impls.own.triton import implementation as triton_impl
+  with branches.accelerator_branches():
+    want = eager.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+    want_global = eager.clip_grad_norm(leaves, c_global, norm_type=p)
+  got = triton_impl.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
+  got_global = triton_impl.clip_grad_norm(leaves, c_global, norm_type=p)
+  for (outs, norm), (ref_outs, ref_norm) in ((got, want), (got_global, want_global)):
+    assert _bits(norm) == _bits(ref_norm), context
+    assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs], context
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_triton_bits_equal_the_eager_cuda_route_bits(dtype):
   from clipbench.impls.own.triton import implementation as triton_impl
@@ -62,20 +76,12 @@ def test_triton_bits_equal_the_eager_cuda_route_bits(dtype):
         _, total = eager.clip_grad_norm(leaves, math.inf, norm_type=p)
       n, g = norms.double().numpy(), float(total)
       for c, cg in ((n, g), (np.nextafter(n, 0), math.nextafter(g, 0)), (n / 2, g / 2)):
-        with branches.accelerator_branches():
-          want = eager.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
-          want_global = eager.clip_grad_norm(leaves, cg, norm_type=p)
-        got = triton_impl.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
-        got_global = triton_impl.clip_grad_norm(leaves, cg, norm_type=p)
-        for (outs, norm), (ref_outs, ref_norm) in ((got, want), (got_global, want_global)):
-          assert _bits(norm) == _bits(ref_norm), (trial, p)
-          assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs], (trial, p)
+        _assert_global_norms_give_the_eager_bits(leaves, kwargs, p, c, cg, (trial, p))
     with branches.accelerator_branches():
       _, steps = eager.clip_by_max_step(leaves, math.inf, **kwargs)
       want = eager.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs)
     got = triton_impl.clip_by_max_step(leaves, steps.double().numpy() / 2, **kwargs)
     assert [_bits(x) for x in got[0] + [got[1]]] == [_bits(x) for x in want[0] + [want[1]]]
-
 
 
 def test_bfloat16_subnormals_in_and_out_give_the_eager_bits():
@@ -91,14 +97,7 @@ def test_bfloat16_subnormals_in_and_out_give_the_eager_bits():
   kwargs = {"segments": segments, "num_systems": 3}
   for p in (2.0, 1.0, math.inf, 3.0):
     for c in (1.0, 2.0 ** -128, 2.0 ** -140):  # kept; subnormal systems clipped; all clipped
-      with branches.accelerator_branches():
-        want = eager.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
-        want_global = eager.clip_grad_norm(leaves, c, norm_type=p)
-      got = triton_impl.clip_by_global_norm(leaves, c, norm_type=p, **kwargs)
-      got_global = triton_impl.clip_grad_norm(leaves, c, norm_type=p)
-      for (outs, norm), (ref_outs, ref_norm) in ((got, want), (got_global, want_global)):
-        assert _bits(norm) == _bits(ref_norm), (p, c)
-        assert [_bits(x) for x in outs] == [_bits(x) for x in ref_outs], (p, c)
+      _assert_global_norms_give_the_eager_bits(leaves, kwargs, p, c, c, (p, c))
   for c in (1.0, 2.0 ** -128, 2.0 ** -140):
     with branches.accelerator_branches():
       want = eager.clip_by_max_step(leaves, c, **kwargs)
