@@ -5,9 +5,13 @@ below a norm of about 1 in float32, material below about 1e-3."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
-from clipbench.conformance import safe_range
+from clipbench.conformance import measure, safe_range
+from clipbench.conformance.running import Outcome
 from clipbench.impls import registry
 
 ONLY = {"ops": ("clip_grad_norm",), "norm_types": (2.0,)}
@@ -63,3 +67,21 @@ def test_an_epsilon_in_the_denominator_is_material_only_at_small_norms():
   # 1e-6 / norm: 5e-4 at a norm of 2**-9, 0.1 at 2**-17.
   assert all(r["material"] == "pass" for e, r in points.items() if e >= -9)
   assert all(r["material"] == "fail" for e, r in points.items() if e <= -17)
+
+
+def test_outputs_rounded_to_zero_from_the_smallest_subnormal_are_rounding_only():
+  # float16's smallest subnormal is 2**-24. Max-step at a norm of 2**-23 clipped to 0.56 of it:
+  # the reference rounds to nearest and keeps one element at 2**-24, our exact kernels round
+  # toward zero (rule 4's bound) and give all zeros. One rounding apart, not a zeroed update.
+  numba_impl = registry.load("clipbench.numba")
+  rows, skipped = safe_range.scan(numba_impl, dtypes=("float16",), ops=("clip_by_max_step",))
+  (point,) = [r for r in rows if r["log2_norm"] == -23]
+  assert not skipped and point["rounding"] == point["material"] == "pass", point
+  inputs, _, ref = safe_range._reference("clip_by_max_step", "float16", 2.0, -23)  # pylint: disable=protected-access
+  smallest = [np.abs(x.astype(np.float64)).max() for x in ref.leaves]
+  assert max(smallest) == 2.0 ** -24, smallest  # the case is the one described above
+  zeros = Outcome([np.zeros_like(x) for x in ref.leaves], ref.norms)
+  assert measure.relative_error("clip_by_max_step", inputs, zeros, ref) == 0.0
+  # Zeroing two spacings is a zeroed update still: the relative error of a silent wrong value.
+  doubled = Outcome([x * np.float16(2) for x in ref.leaves], ref.norms)
+  assert measure.relative_error("clip_by_max_step", inputs, zeros, doubled) == math.inf
