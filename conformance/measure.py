@@ -111,13 +111,14 @@ def relative_error(op: str, inputs: Inputs, out: Outcome, ref: Outcome,
       if np.any(y != 0):
         return math.inf
       continue
-    if not np.any(y) and np.any(np.abs(r) > _spacing(np.abs(r), dtypes[-1])):
+    # Each output rounds once to its dtype (rule 4): one spacing at the reference value is
+    # rounding, not error, which matters where outputs are subnormal.
+    spacing = _spacing(np.abs(r), dtypes[-1])
+    if not np.any(y) and np.any(np.abs(r) > spacing):
       # A zeroed update: no tolerance makes it close, unless each reference element is
       # one spacing from zero (the smallest subnormal), which one rounding may take to zero.
       return math.inf
-    # Each output rounds once to its dtype (rule 4): one spacing at the reference value is
-    # rounding, not error, which matters where outputs are subnormal.
-    excess = np.maximum(np.abs(y - r) - _spacing(np.abs(r), dtypes[-1]), 0.0)
+    excess = np.maximum(np.abs(y - r) - spacing, 0.0)
     worst = max(worst, float(np.max(excess)) / scale)
   if norms_reported and out.norms is not None and ref.norms is not None:
     got_norms = _as_float64(out.norms).ravel()

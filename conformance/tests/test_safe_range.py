@@ -77,9 +77,10 @@ def test_outputs_rounded_to_zero_from_the_smallest_subnormal_are_rounding_only()
   rows, skipped = safe_range.scan(numba_impl, dtypes=("float16",), ops=("clip_by_max_step",))
   (point,) = [r for r in rows if r["log2_norm"] == -23]
   assert not skipped and point["rounding"] == point["material"] == "pass", point
-  inputs, _, ref = safe_range._reference("clip_by_max_step", "float16", 2.0, -23)  # pylint: disable=protected-access
-  smallest = [np.abs(x.astype(np.float64)).max() for x in ref.leaves]
-  assert max(smallest) == 2.0 ** -24, smallest  # the case is the one described above
+  inputs, _, ref = safe_range._reference(  # pylint: disable=protected-access
+      "clip_by_max_step", "float16", 2.0, -23)
+  largest = [np.abs(x.astype(np.float64)).max() for x in ref.leaves]
+  assert max(largest) == 2.0 ** -24, largest  # the case is the one described above
   zeros = Outcome([np.zeros_like(x) for x in ref.leaves], ref.norms)
   assert measure.relative_error("clip_by_max_step", inputs, zeros, ref) == 0.0
   # Zeroing two spacings is a zeroed update still: the relative error of a silent wrong value.
