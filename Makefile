@@ -2,6 +2,9 @@
 # Both create or refresh the virtual environment first, from the pinned constraints.
 
 SHELL := /bin/bash
+# Some shells set it; the commands below then would compile every module they import anew in
+# every process (make test starts dozens), instead of once.
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 # kups and brainstate need Python 3.12; pyenv keeps it outside PATH on some machines.
@@ -14,27 +17,29 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found (kups and brainstate need it); set PYTHON312=/path/to/python3.12" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# pip byte-compiles what it installs on one core; compileall does the same on every core.
+	# Not byte-compiled here: each module is compiled on its first import and its bytecode kept
+	# (below), about a third of the 21,000 files pip would compile on one core.
 	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[all]'
-	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null
 	@touch $@
 
 venv: $(VENV)/.installed
 
 # TRITON_INTERPRET=1: the Triton kernels run through the whole suite on the CPU (no GPU here).
 # Two pytest processes side by side, as most of the suite is single-threaded Python and CI has
-# two cores: the conformance suite in the foreground, the other tests beside it, their output
-# shown when they end (README, "Tests"). The suite's own tests (SELF_TESTS: they check the
-# suite, not an implementation, and write no results) run with the other tests, which keeps
-# the two processes about as long. PYTEST_ARGS (options such as `--profile thorough`) goes to
-# both; to run some tests only, call `$(BIN)/python -m pytest PATH` instead.
+# two cores: the conformance suite in the foreground, with the tests of the command, the
+# reports and the reference (CONFORMANCE_SIDE) after it, and the other tests beside it, their
+# output shown when they end (README, "Tests"). The suite's own tests (SELF_TESTS: they check
+# the suite, not an implementation, and write no results) run with the other tests. The split
+# keeps the two processes about as long (docs/gpu.md, section 18). PYTEST_ARGS (options such as
+# `--profile thorough`) goes to both; to run some tests only, call `$(BIN)/python -m pytest PATH`.
 SELF_TESTS := conformance/tests conformance/test_suite_catches_broken.py
-OTHER_TESTS := reference/tests impls/tests benchmarks/tests reports/tests clipbench/tests $(SELF_TESTS)
+CONFORMANCE_SIDE := reference/tests reports/tests clipbench/tests
+OTHER_TESTS := impls/tests benchmarks/tests $(SELF_TESTS)
 test: $(VENV)/.installed
 	@others_log=$$(mktemp); others=; trap 'rm -f "$$others_log"; [ -z "$$others" ] || kill $$others 2>/dev/null' EXIT; \
 	echo "the other tests ($(OTHER_TESTS)) run beside the conformance suite; their output follows it"; \
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider $(OTHER_TESTS) $(PYTEST_ARGS) >"$$others_log" 2>&1 & others=$$!; \
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider conformance $(SELF_TESTS:%=--ignore=%) $(PYTEST_ARGS); conformance=$$?; \
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -p no:cacheprovider conformance $(SELF_TESTS:%=--ignore=%) $(CONFORMANCE_SIDE) $(PYTEST_ARGS); conformance=$$?; \
 	wait $$others; rest=$$?; others=; \
 	echo; echo "=== the other tests: $(OTHER_TESTS) ==="; cat "$$others_log"; \
 	echo "make test: conformance exit $$conformance, other tests exit $$rest"; \
