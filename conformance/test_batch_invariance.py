@@ -91,8 +91,9 @@ def _subset(inputs: Inputs, keep: list[int], new_ids: dict[int, int], num: int,
 
 # The batched call every variant but repeated_call compares with, per implementation, device,
 # operation and batch: the variants of one dtype rebuild the same batch, and under Triton's
-# interpreter a call of it costs seconds.
-_BATCHED: dict[tuple, Outcome] = {}
+# interpreter a call of it costs seconds. Each entry holds its implementation's object, so
+# that no other object can take its id while the entry exists.
+_BATCHED: dict[tuple, tuple[object, Outcome]] = {}
 
 
 def _batch_key(inputs: Inputs) -> str:
@@ -107,8 +108,8 @@ def _batch_key(inputs: Inputs) -> str:
 def _batched_call(impl, op: str, inputs: Inputs) -> Outcome:
   key = (impl.name, id(impl.obj), str(running.device()), op, _batch_key(inputs))
   if key not in _BATCHED:
-    _BATCHED[key] = call(impl, op, inputs)
-  return _BATCHED[key]
+    _BATCHED[key] = (impl.obj, call(impl, op, inputs))
+  return _BATCHED[key][1]
 
 
 def verify(impl, op, variant, inputs) -> None:
