@@ -31,11 +31,14 @@ venv: $(VENV)/.installed
 # reports and the reference (CONFORMANCE_SIDE) after it, and the other tests beside it, their
 # output shown when they end (README, "Tests"). The suite's own tests (SELF_TESTS: they check
 # the suite, not an implementation, and write no results) run with the other tests. The split
-# keeps the two processes about as long (docs/gpu.md, section 18). PYTEST_ARGS (options such as
+# keeps the two processes about as long (docs/gpu.md, section 18). The other tests start with
+# the benchmarks' tests: by the time they reach the implementations' tests, the conformance
+# process has built DeepSpeed's op and compiled numba kernels into numba's on-disk cache, which
+# they then wait for or compile no more (section 19). PYTEST_ARGS (options such as
 # `--profile thorough`) goes to both; to run some tests only, call `$(BIN)/python -m pytest PATH`.
 SELF_TESTS := conformance/tests conformance/test_suite_catches_broken.py
 CONFORMANCE_SIDE := reference/tests reports/tests clipbench/tests
-OTHER_TESTS := impls/tests benchmarks/tests $(SELF_TESTS)
+OTHER_TESTS := benchmarks/tests impls/tests $(SELF_TESTS)
 test: $(VENV)/.installed
 	@others_log=$$(mktemp); others=; trap 'rm -f "$$others_log"; [ -z "$$others" ] || kill $$others 2>/dev/null' EXIT; \
 	echo "the other tests ($(OTHER_TESTS)) run beside the conformance suite; their output follows it"; \

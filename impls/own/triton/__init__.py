@@ -29,7 +29,8 @@ that), as in the interpreter.
 
 What was verified where: the whole conformance suite on the CPU under the interpreter, and on
 one NVIDIA H200 (Triton 3.6.0, 2026-11-27: 430 pass, 0 fail, after a fix of the scan that only
-the GPU showed; ``docs/gpu.md``, section 10).
+the GPU showed; ``docs/gpu.md``, section 10). Under the interpreter the segmented scans run in
+a tree order, as on a GPU, not left to right (``interpreter_scan``; section 19).
 
 General p uses ``exp2(p * log2(y))`` (the interpreter has no ``pow``); its error is bounded
 per term (``POW_REL_ERR``, ``POW_ABS_ERR``) and the same certification applies.

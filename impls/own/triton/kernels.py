@@ -103,8 +103,8 @@ if triton is not None:
     ``(units * 2**-53)**2`` of the exact total whatever tree the scan combines in, and ``n``
     its units. An infinite or NaN ``h`` carries no error term."""
     cut = f2 != 0
-    # two_sum(h1, h2), written out: the interpreter's scan calls this function once per unit,
-    # and each call of a device function from it re-patches triton.language (milliseconds).
+    # two_sum(h1, h2), written out: under the interpreter each call of a device function
+    # from a combine function re-patches triton.language (milliseconds).
     s = h1 + h2
     bb = s - h1
     err = (h1 - (s - bb)) + (h2 - bb)
@@ -123,6 +123,10 @@ if triton is not None:
     cut = f2 != 0
     return (f1 | f2, tl.where(cut, a2, a1 + a2), tl.where(cut, b2, b1 + b2),
             tl.where(cut, c2, c1 + c2), tl.where(cut, d2, d1 + d2))
+
+  # The segmented scans' combine functions: under the interpreter, their scans run as a
+  # log-step scan over whole arrays (.interpreter_scan), not Triton's loop over elements.
+  RUN_COMBINES = (_sum_runs_compensated, _max_runs, _pieces_runs)
 
   @triton.jit
   def _work_item(table, DTYPE: tl.constexpr, BITS: tl.constexpr):

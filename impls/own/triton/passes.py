@@ -27,11 +27,13 @@ from clipbench.impls.own.torch.floats import U64, gamma
 from clipbench.impls.own.torch.layout import Batch
 from clipbench.impls.own.torch.measure import Measured
 from clipbench.impls.own.triton import decision_kernel as dk
-from clipbench.impls.own.triton import kernels, layouts, tables
+from clipbench.impls.own.triton import interpreter_scan, kernels, layouts, tables
 from clipbench.impls.own.triton.scratch import WORDS, Scratch
 
 # Read once, as triton does: the interpreter is chosen before triton is first imported.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+if INTERPRET and kernels.triton is not None:
+  interpreter_scan.install(kernels.RUN_COMBINES)
 
 # Units per tile: of a one-system measure program, of a per-system one (its segmented scans
 # hold more per unit) and of an apply program; powers of two that divide every work item
@@ -309,8 +311,9 @@ class TritonKernels(EagerKernels):
 def _measure_tile(per_system: bool, vec: int, table: tables.Table) -> int:
   """Units per tile of a measure launch: BLOCK (SYSTEM_BLOCK per system) elements, as units
   of ``vec``. Per system, no wider than the launch's longest item: a segmented scan runs over
-  its whole tile, masked units included, and under the interpreter it is a Python loop over
-  them (short items are what most tests and conformance cases hold). One-system tiles have no
+  its whole tile, masked units included, on the GPU as under the interpreter (there a
+  sequence of array operations over it; short items are what most tests and conformance cases
+  hold). One-system tiles have no
   scan, and narrowing them would only add compiled variants."""
   full = max(1, (SYSTEM_BLOCK if per_system else BLOCK) // vec)
   if not per_system:
