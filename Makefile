@@ -33,8 +33,8 @@ venv: $(VENV)/.installed
 # the suite, not an implementation, and write no results) run with the other tests. The split
 # keeps the two processes about as long (docs/gpu.md, section 18). The other tests start with
 # the benchmarks' tests: by the time they reach the implementations' tests, the conformance
-# process has built DeepSpeed's op and compiled numba kernels into numba's on-disk cache, which
-# they then wait for or compile no more (section 19). PYTEST_ARGS (options such as
+# process has built DeepSpeed's op and numba's on-disk cache holds the kernels, so they neither
+# wait for the build nor compile those kernels again (section 19). PYTEST_ARGS (options such as
 # `--profile thorough`) goes to both; to run some tests only, call `$(BIN)/python -m pytest PATH`.
 SELF_TESTS := conformance/tests conformance/test_suite_catches_broken.py
 CONFORMANCE_SIDE := reference/tests reports/tests clipbench/tests

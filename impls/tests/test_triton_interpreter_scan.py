@@ -103,6 +103,14 @@ def test_the_kernels_scans_take_the_log_step_scan():
   assert _discount_jit not in interpreter_scan._installed  # pylint: disable=protected-access
 
 
+def test_an_interpreter_without_the_loop_keeps_its_own(monkeypatch):
+  # A Triton whose interpreter moved its scan: nothing is taken over, and install says so.
+  monkeypatch.setattr(interpreter_scan, "ScanOps", None)
+  monkeypatch.setattr(interpreter_scan, "_installed", set())
+  assert interpreter_scan.install(RUN_COMBINES) is False
+  assert not interpreter_scan._installed  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_exact_run_scans_equal_tritons_loop_bit_for_bit(monkeypatch, n):
   # Maxima of float64 bits, counts, and sums of small integers (the extracted pieces are exact

@@ -311,10 +311,9 @@ class TritonKernels(EagerKernels):
 def _measure_tile(per_system: bool, vec: int, table: tables.Table) -> int:
   """Units per tile of a measure launch: BLOCK (SYSTEM_BLOCK per system) elements, as units
   of ``vec``. Per system, no wider than the launch's longest item: a segmented scan runs over
-  its whole tile, masked units included, on the GPU as under the interpreter (there a
-  sequence of array operations over it; short items are what most tests and conformance cases
-  hold). One-system tiles have no
-  scan, and narrowing them would only add compiled variants."""
+  its whole tile, masked units included, on the GPU as under the interpreter (there as array
+  operations over the tile; short items are what most tests and conformance cases hold).
+  One-system tiles have no scan, and narrowing them would only add compiled variants."""
   full = max(1, (SYSTEM_BLOCK if per_system else BLOCK) // vec)
   if not per_system:
     return full
