@@ -29,9 +29,8 @@ _installed: set = set()
 def _log_step_scan(self, input):  # pylint: disable=redefined-builtin
   """``ScanOps.generic_scan``'s contract (tensors in, a list of tensors out, along
   ``self.axis``; a reversed scan is flipped by the caller), computed in ``log2(n)`` calls of
-  the combine function on whole arrays."""
-  from triton.language import core
-
+  the combine function on whole arrays. The outputs never share the inputs' memory, as with
+  Triton's loop (hence the copy, which only a one-element axis would otherwise return)."""
   if self.combine_fn not in _installed:
     return _TRITON_GENERIC_SCAN(self, input)
   axis = self.axis
@@ -58,9 +57,10 @@ def _log_step_scan(self, input):  # pylint: disable=redefined-builtin
 
 
 try:
+  from triton.language import core
   from triton.runtime.interpreter import ScanOps
 except ImportError:  # pragma: no cover - triton is installed in this project
-  ScanOps = None
+  core = ScanOps = None
   _TRITON_GENERIC_SCAN = None
 else:
   _TRITON_GENERIC_SCAN = ScanOps.generic_scan
