@@ -9,6 +9,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,7 @@ import torch
 from clipbench.impls.own.jax import api as jax_api
 from clipbench.impls.own.jax import xla_ffi
 from clipbench.impls.own.numba import api as numba_api
-from clipbench.impls.own.torch import compiled, eager
+from clipbench.impls.own.torch import compiled, eager, host_route
 
 
 def _per_system_case(seed=0):
@@ -28,8 +29,10 @@ def _per_system_case(seed=0):
 
 
 def _same_bits(outs, expected):
-  return all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
-             for a, b in zip(outs, expected))
+  return len(outs) == len(expected) and all(
+      np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(
+          np.asarray(a).reshape(-1).view(np.uint8), np.asarray(b).reshape(-1).view(np.uint8))
+      for a, b in zip(outs, expected))
 
 
 @pytest.mark.parametrize("op", ["clip_by_global_norm", "clip_by_max_step"])
@@ -83,6 +86,55 @@ def test_torch_cpu_tensors_give_the_numba_bits(impl, op):
                                   num_systems=5)
   assert _same_bits([o.numpy() for o in outs], want_outs)
   assert _same_bits([norms.numpy()], [want_norms])
+
+
+def _many_small_leaves(seed):
+  """1,200 leaves of four dtypes and five shapes (0-d and empty ones among them): 300 small
+  leaves of each dtype, more than the general route packs when it is handed arrays, so the
+  torch and FFI routes, which hand it addresses and are not packed, are compared with it."""
+  rng = np.random.default_rng(seed)
+  dtypes = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
+  shapes = ((7,), (3, 5), (), (0,), (2, 2, 3))
+  return [rng.standard_normal(shapes[i % 5]).astype(dtypes[i % 4]) for i in range(1200)]
+
+
+@pytest.mark.parametrize("impl", [eager, compiled], ids=["eager", "compiled"])
+def test_torch_many_small_leaves_give_the_numba_bits(impl):
+  leaves = _many_small_leaves(2)
+  for max_norm in (1.0, 1e9):  # clipped, kept
+    want_outs, want_norm = numba_api.clip_grad_norm(leaves, max_norm)
+    outs, norm = impl.clip_grad_norm([host_route.to_tensor(x.copy()) for x in leaves], max_norm)
+    assert [tuple(o.shape) for o in outs] == [x.shape for x in leaves]
+    assert _same_bits([host_route.to_numpy(o) for o in outs], want_outs)
+    assert _same_bits([norm.numpy()], [want_norm])
+
+
+def test_jax_jitted_many_small_leaves_give_the_numba_bits():
+  leaves = _many_small_leaves(3)
+  want_outs, want_norm = numba_api.clip_grad_norm(leaves, 1.0)
+  with jax.enable_x64(True):  # float64 leaves stay float64
+    outs, norm = jax.jit(lambda xs: jax_api.clip_grad_norm(xs, 1.0))(
+        [jnp.asarray(x) for x in leaves])
+  assert _same_bits(outs, want_outs)
+  assert _same_bits([norm], [want_norm])
+
+
+@pytest.mark.parametrize("impl", [eager, compiled], ids=["eager", "compiled"])
+@pytest.mark.parametrize("op", ["clip_grad_norm", "clip_by_global_norm"])
+def test_torch_leaves_that_are_not_plain_memory_are_read_as_their_values(impl, op):
+  base = torch.randn(300, 4, dtype=torch.float64)
+  negated = torch._neg_view(base[:, 1].contiguous())  # memory holds minus its values
+  assert negated.is_neg() and negated.is_contiguous() and not base.t().is_contiguous()
+  # All contiguous (read in place where the route can), with a leaf that requires grad, with
+  # strided views.
+  for leaves in ([negated, torch.randn(3)], [negated, torch.randn(3, requires_grad=True)],
+                 [base.t(), negated, base[::2, 0], torch.randn(3, requires_grad=True)]):
+    values = [x.detach().resolve_neg().contiguous().numpy() for x in leaves]
+    want_outs, want_norm = getattr(numba_api, op)(values, 0.5)
+    outs, norm = getattr(impl, op)(leaves, 0.5)
+    assert not any(o.requires_grad for o in outs)
+    assert _same_bits([o.numpy() for o in outs], want_outs)
+    assert _same_bits([norm.numpy()], [want_norm])
 
 
 def test_torch_bfloat16_round_trips_through_its_bits():

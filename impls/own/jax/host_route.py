@@ -35,10 +35,7 @@ import numpy as np
 from clipbench.impls.own.jax import xla_ffi
 from clipbench.impls.own.jax.config import Threshold
 from clipbench.impls.own.numba import api as numba_api
-from clipbench.impls.own.numba import general
 from clipbench.impls.own.numba.buffers import LeavesAt, array_at, writing_into
-from clipbench.impls.own.numba.layout import leaf_layout
-from clipbench.impls.own.numba.segments import NO_SEGMENTS
 
 TARGET = "clipbench_numba_clip"
 
@@ -85,9 +82,7 @@ def run_kernels(spec: CallSpec, leaves: list[np.ndarray] | LeavesAt,
   to the general route, which reads their addresses: no array is made per leaf."""
   if spec.op == "clip_grad_norm":
     if isinstance(leaves, LeavesAt):
-      outs, norms = general.run(leaves, leaf_layout(leaves), c.reshape(()), NO_SEGMENTS,
-                                spec.p, spec.nonfinite)
-      return outs, norms.reshape(())
+      return numba_api.clip_grad_norm_at(leaves, c.reshape(()), spec.p, spec.nonfinite)
     return numba_api.clip_grad_norm(leaves, c.reshape(()), norm_type=spec.p,
                                     nonfinite=spec.nonfinite)
   if isinstance(leaves, LeavesAt):

@@ -119,10 +119,13 @@ class Prepared:
     nl = len(leaves)
     self.num_systems = num_systems
     codes, sizes = layout.codes, layout.sizes
-    # Input addresses: small leaves packed per dtype, large ones read in place.
+    # Input addresses: small leaves packed per dtype, large ones read in place. Leaves known
+    # by address (``buffers.LeavesAt``) are all read in place: packing saves the per-leaf
+    # Python work of finding an address, which they have already done.
+    addressed = getattr(leaves, "addresses", None)  # C-contiguous by construction
     addrs = np.zeros(nl, dtype=np.int64)
     self._keep_alive = []
-    small = sizes <= _PACK_MAX
+    small = (sizes <= _PACK_MAX) & (addressed is None)
     for code in range(4):
       idx = np.flatnonzero((codes == code) & small)
       if idx.size > _PACK_MIN_LEAVES:
@@ -132,7 +135,6 @@ class Prepared:
         addrs[idx] = address(packed) + starts * ITEMSIZE[code]
       else:
         small[idx] = False
-    addressed = getattr(leaves, "addresses", None)  # C-contiguous by construction
     if addressed is not None:
       addrs[~small] = addressed[~small]
     for i in np.flatnonzero(~small).tolist() if addressed is None else ():

@@ -80,7 +80,7 @@ class TorchClipping:
     p = 2.0 if op == "clip_by_max_step" else check_norm_type(call.norm_type)
     nonfinite = check_nonfinite(call.nonfinite)
     if on_host:
-      norm64 = any(x.dtype == torch.float64 for x in leaves)
+      norm64 = torch.float64 in dtypes
       return host_route.clip(op, leaves, segs, K, np.broadcast_to(threshold.values, (K,)), p,
                              nonfinite, torch.float64 if norm64 else torch.float32)
     kind = ("step" if op == "clip_by_max_step" else "max" if p == math.inf else
