@@ -1,4 +1,5 @@
-"""asv benchmarks of the clipping operations: one class per operation family and device.
+"""asv benchmarks of the clipping operations: one class per operation family and device, and
+the counts of what a call dispatches on a GPU (:class:`CudaRouteCosts`).
 
 Each class is a dense grid, impl x workload x dtype x device (``grid.params``, derived from
 the registry; the tracked implementations unless ``CLIPBENCH_ASV_IMPLS`` says otherwise), its
@@ -10,7 +11,7 @@ time budget and the environment switches are described in README.md (Benchmarks)
 
 from __future__ import annotations
 
-from clipbench.benchmarks import grid, grid_point
+from clipbench.benchmarks import costs, grid, grid_point
 from clipbench.benchmarks.grid_point import PARAM_NAMES, Run
 
 
@@ -107,6 +108,42 @@ def _define_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
 
 
 SPEED_CLASSES, TRACK_CLASSES = _define_classes()
+
+
+class CudaRouteCosts:
+  """What one call dispatches on a GPU, counted on any machine (``benchmarks/costs.py``): aten
+  operators that launch work, Triton launches and host transfers, for our CUDA route (the
+  eager torch route on its accelerator branches, Triton) and the torch peers it answers to.
+  Exact counts, so a commit that adds a launch or a host round trip shows as a step, where
+  times on a GPU-less machine would not show it. Triton's kernels need a GPU, or
+  ``TRITON_INTERPRET=1`` in asv's environment (slow at these sizes: minutes a point); without
+  either its points are skipped with that reason."""
+
+  params = (list(costs.DEFAULT_IMPLS), list(costs.DEFAULT_WORKLOADS))
+  param_names = ("impl", "workload")
+  timeout = 1800.0
+
+  def setup(self, impl: str, workload: str) -> None:
+    reason = costs.cannot_count_here(impl)
+    row = None if reason else costs.count_case(impl, workload)
+    if reason or row.costs is None:
+      raise NotImplementedError(reason or row.skip)  # asv: this point is skipped
+    self.costs = row.costs
+
+  def track_operators(self, impl: str, workload: str) -> int:
+    return self.costs.operators
+
+  track_operators.unit = "operators"
+
+  def track_triton_launches(self, impl: str, workload: str) -> int:
+    return self.costs.launches
+
+  track_triton_launches.unit = "launches"
+
+  def track_host_transfers(self, impl: str, workload: str) -> int:
+    return self.costs.transfers
+
+  track_host_transfers.unit = "transfers"
 
 
 class Machine(_RunCache):

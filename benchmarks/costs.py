@@ -276,6 +276,18 @@ def count_case(impl_name: str, workload_name: str, dtype: str = "float32",
              host_us_per_leaf=host)
 
 
+def cannot_count_here(impl_name: str) -> str | None:
+  """Why ``impl_name`` cannot be counted on this machine, or None: Triton's kernels run on a
+  GPU or under its interpreter (``TRITON_INTERPRET=1``, read when the kernels are defined)."""
+  if impl_name != "clipbench.triton":
+    return None
+  import torch  # pylint: disable=import-outside-toplevel
+  from triton import knobs  # pylint: disable=import-outside-toplevel
+  if knobs.runtime.interpret or torch.cuda.is_available():
+    return None
+  return "Triton's kernels need a GPU or TRITON_INTERPRET=1"
+
+
 def _runs_triton(impl: Any) -> bool:
   from clipbench.impls.own.triton.passes import TritonKernels  # pylint: disable=C0415
   return isinstance(getattr(impl.obj, "kernels", None), TritonKernels)

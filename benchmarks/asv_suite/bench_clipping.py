@@ -15,4 +15,5 @@ if getattr(_grid_point, "in_asv_forkserver", lambda: False)():
   _grid_point.preload_frameworks()
 
 globals().update({cls.__name__: cls for cls in
-                  (*_suite.SPEED_CLASSES, *_suite.TRACK_CLASSES, _suite.Machine)})
+                  (*_suite.SPEED_CLASSES, *_suite.TRACK_CLASSES, _suite.CudaRouteCosts,
+                   _suite.Machine)})

@@ -100,6 +100,8 @@ def test_forkserver_imports_the_suite_and_the_preloaded_frameworks(forkserver_st
   names, modules = forkserver_state["names"], set(forkserver_state["modules"])
   assert "bench_clipping.GlobalCpu.time_clip" in names
   assert "bench_clipping.Machine.track_bandwidth_gbs" in names
+  assert {f"bench_clipping.CudaRouteCosts.track_{m}" for m in
+          ("operators", "triton_launches", "host_transfers")} <= set(names)
   assert all(name.startswith("bench_clipping.") for name in names)
   assert set(grid_point.PRELOADED_MODULES) <= modules
   assert not modules & set(NOT_PRELOADED)

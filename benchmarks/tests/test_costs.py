@@ -256,3 +256,28 @@ def test_a_freed_host_copy_leaves_no_mark_on_later_tensors():
       x.cpu().numpy()
       torch.ones(8).numpy()
   assert c.transfers == 100
+
+
+def test_asv_tracks_the_counts_of_a_point():
+  from clipbench.benchmarks.bench_clipping import CudaRouteCosts  # pylint: disable=C0415
+  point = CudaRouteCosts()
+  assert ("clipbench.torch", "W2-relax") in {(i, w) for i in point.params[0]
+                                             for w in point.params[1]}
+  point.setup("clipbench.torch", "W2-relax")
+  counted = count_case("clipbench.torch", "W2-relax").costs
+  assert (point.track_operators("clipbench.torch", "W2-relax"),
+          point.track_triton_launches("clipbench.torch", "W2-relax"),
+          point.track_host_transfers("clipbench.torch", "W2-relax")) == (
+              counted.operators, counted.launches, counted.transfers)
+  with pytest.raises(NotImplementedError, match="clip_by_global_norm"):  # asv skips the point
+    point.setup("torch.clip_grad_norm_.foreach", "W2-relax")
+
+
+def test_asv_skips_triton_points_where_its_kernels_cannot_run(monkeypatch):
+  from clipbench.benchmarks.bench_clipping import CudaRouteCosts  # pylint: disable=C0415
+  monkeypatch.setenv("TRITON_INTERPRET", "0")
+  monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+  with pytest.raises(NotImplementedError, match="GPU or TRITON_INTERPRET=1"):
+    CudaRouteCosts().setup("clipbench.triton", "W2-relax")
+  monkeypatch.setenv("TRITON_INTERPRET", "1")
+  assert costs.cannot_count_here("clipbench.triton") is None
